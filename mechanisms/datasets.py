@@ -1,0 +1,205 @@
+"""Rating data as batches of users: synthetic generators and the Clothing set.
+
+A dataset is a recipe for ``UserBatch``es: ``batch(batch_id, start, stop)``
+builds users ``start … stop-1`` as a pure function of the dataset's seed
+and the batch, so a pipeline can generate batches on its workers and a
+local run produces exactly the same users.
+
+Synthetic settings of the PCKV authors' ``GenData.m`` (PCKV §6, PCKV.md):
+one pair per user (``l = 1``), ``d`` keys,
+
+* ``uu``: the key of each user uniform over ``K``; each key's mean uniform
+  on ``[-1, 1]``; every holder of key ``k`` holds the value ``m_k``;
+* ``gg``: the key from ``N(0, sigma_key = 50)`` discretised onto ``1 … d``
+  (samples outside discarded, i.e. a half-normal over the keys); means from
+  ``N(0, sigma_mean = 1)`` with samples outside ``[-1, 1]`` discarded.
+
+``multi``: users with ``1 + Poisson(lam)`` distinct keys drawn without
+replacement from a Zipf(s) popularity, values ``m_k + N(0, spread)`` clipped
+to ``[-1, 1]`` -- the multi-pair setting of padding-and-sampling.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .base import UserBatch
+from .randomness import STREAM_DATA, STREAM_DATA_SETUP, batch_rng
+
+SYNTHETIC_KINDS = ("uu", "gg", "multi")
+DEFAULT_BATCH_SIZE = 50_000
+
+
+def batch_specs(n_users: int, batch_size: int = DEFAULT_BATCH_SIZE):
+    """``[(batch_id, start, stop), …]`` covering ``n_users``."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    return [(i, s, min(s + batch_size, n_users)) for i, s in enumerate(range(0, n_users, batch_size))]
+
+
+def truth_counts(users: UserBatch, d: int) -> np.ndarray:
+    """Sufficient statistics of the truth: ``[n, holders[d], value sums[d]]``."""
+    return np.concatenate([
+        [users.n_users],
+        np.bincount(users.keys, minlength=d)[:d],
+        np.bincount(users.keys, weights=users.values, minlength=d)[:d],
+    ]).astype(np.float64)
+
+
+def truth_from_counts(counts: np.ndarray, d: int):
+    """``(true frequency, true mean)``; the mean is NaN for keys nobody holds."""
+    n, holders, sums = counts[0], counts[1:1 + d], counts[1 + d:1 + 2 * d]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = np.where(holders > 0, sums / holders, np.nan)
+    return holders / max(n, 1), mean
+
+
+class Dataset:
+    """Base: ``d`` keys named ``key_names``, ``n_users`` users in batches."""
+
+    name: str = "dataset"
+    d: int
+    n_users: int
+    default_padding: int = 1
+
+    @property
+    def key_names(self) -> list[str]:
+        return [str(k) for k in range(self.d)]
+
+    def batch(self, batch_id: int, start: int, stop: int) -> UserBatch:
+        raise NotImplementedError
+
+    def specs(self, batch_size: int = DEFAULT_BATCH_SIZE):
+        return batch_specs(self.n_users, batch_size)
+
+    def batches(self, batch_size: int = DEFAULT_BATCH_SIZE):
+        for spec in self.specs(batch_size):
+            yield self.batch(*spec)
+
+
+@dataclasses.dataclass
+class SyntheticDataset(Dataset):
+    kind: str = "uu"
+    n_users: int = 1_000_000
+    d: int = 100
+    seed: int = 0
+    sigma_key: float = 50.0
+    sigma_mean: float = 1.0
+    lam: float = 1.0
+    zipf: float = 1.0
+    spread: float = 0.3
+
+    def __post_init__(self):
+        if self.kind not in SYNTHETIC_KINDS:
+            raise ValueError(f"unknown synthetic kind {self.kind!r}; known: {SYNTHETIC_KINDS}")
+        if self.n_users < 1 or self.d < 1:
+            raise ValueError("need at least one user and one key")
+        self.name = f"synthetic-{self.kind}"
+        rng = batch_rng(self.seed, 0, STREAM_DATA_SETUP)
+        if self.kind == "gg":
+            edges = np.arange(self.d + 1) / self.sigma_key
+            cdf = np.array([math.erf(e / math.sqrt(2)) for e in edges])
+            self.key_probs = np.diff(cdf) / (cdf[-1] - cdf[0])
+            self.key_means = _truncated_normal(rng, self.sigma_mean, self.d)
+        elif self.kind == "uu":
+            self.key_probs = np.full(self.d, 1.0 / self.d)
+            self.key_means = rng.uniform(-1.0, 1.0, self.d)
+        else:
+            w = 1.0 / np.arange(1, self.d + 1) ** self.zipf
+            self.key_probs = w / w.sum()
+            self.key_means = rng.uniform(-1.0, 1.0, self.d)
+        self.default_padding = 1 if self.kind != "multi" else 2
+
+    def batch(self, batch_id: int, start: int, stop: int) -> UserBatch:
+        rng = batch_rng(self.seed, batch_id, STREAM_DATA)
+        n = stop - start
+        if self.kind == "uu":
+            keys = rng.integers(0, self.d, size=n)
+            return UserBatch.single_pair(keys, self.key_means[keys], batch_id)
+        if self.kind == "gg":
+            keys = rng.choice(self.d, size=n, p=self.key_probs)
+            return UserBatch.single_pair(keys, self.key_means[keys], batch_id)
+        return self._multi(rng, n, batch_id)
+
+    def _multi(self, rng, n, batch_id) -> UserBatch:
+        sizes = np.minimum(1 + rng.poisson(self.lam, size=n), self.d)
+        logw = np.log(self.key_probs)
+        keys = []
+        # Gumbel top-k = weighted sampling without replacement, in row chunks
+        # so that the (users x d) score matrix stays around 2M entries.
+        rows = max(1, 2_000_000 // self.d)
+        for s in range(0, n, rows):
+            size = sizes[s:s + rows]
+            scores = logw[None, :] + rng.gumbel(size=(len(size), self.d))
+            top = np.argsort(-scores, axis=1)[:, :size.max()]
+            keys.append(top[np.arange(top.shape[1])[None, :] < size[:, None]])
+        keys = np.concatenate(keys)
+        values = np.clip(self.key_means[keys] + rng.normal(0.0, self.spread, len(keys)), -1.0, 1.0)
+        return UserBatch(np.concatenate([[0], np.cumsum(sizes)]), keys, values, batch_id)
+
+
+def _truncated_normal(rng, sigma, size):
+    out = np.empty(0)
+    while len(out) < size:
+        draw = rng.normal(0.0, sigma, size * 4)
+        out = np.concatenate([out, draw[np.abs(draw) <= 1.0]])
+    return out[:size]
+
+
+class InMemoryDataset(Dataset):
+    """Users already loaded (a real dataset); batches are slices."""
+
+    def __init__(self, name: str, users: UserBatch, key_names: Sequence[str], default_padding: int = 1):
+        self.name = name
+        self.users = users
+        self._key_names = list(key_names)
+        self.d = len(self._key_names)
+        self.n_users = users.n_users
+        self.default_padding = default_padding
+        if len(users.keys) and (users.keys.min() < 0 or users.keys.max() >= self.d):
+            raise ValueError("user keys outside the key dictionary")
+
+    @property
+    def key_names(self) -> list[str]:
+        return self._key_names
+
+    def batch(self, batch_id: int, start: int, stop: int) -> UserBatch:
+        lo, hi = self.users.offsets[start], self.users.offsets[stop]
+        return UserBatch(self.users.offsets[start:stop + 1] - lo, self.users.keys[lo:hi],
+                         self.users.values[lo:hi], batch_id)
+
+
+def shared_data_dir() -> Path:
+    """``$KVLDP_DATA_DIR``, else ``../shared/data`` beside the checkout or the CWD."""
+    env = os.environ.get("KVLDP_DATA_DIR")
+    candidates = [Path(env)] if env else []
+    candidates += [Path(__file__).resolve().parents[2] / "shared" / "data", Path.cwd().parent / "shared" / "data",
+                   Path.cwd() / "shared" / "data"]
+    for c in candidates:
+        if c.is_dir():
+            return c
+    return candidates[0]
+
+
+def load_clothing(path: str | os.PathLike | None = None) -> InMemoryDataset:
+    """The PCKV paper's Clothing ratings (105,508 users, 5,850 keys; values
+    already in ``{-1, -0.5, 0, 0.5, 1}``; default padding ``l = 2``)."""
+    from scipy.io import loadmat
+
+    path = Path(path) if path else shared_data_dir() / "clothing_rating.mat"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"Clothing data not found at {path}; pass --dataset-path or set KVLDP_DATA_DIR "
+            "to the folder holding clothing_rating.mat")
+    mat = loadmat(str(path))
+    entries = mat["data"][:, 0]
+    d = int(np.asarray(mat["N_key"]).ravel()[0])
+    sizes = np.fromiter((e.shape[0] for e in entries), dtype=np.int64, count=len(entries))
+    pairs = np.concatenate([np.asarray(e, dtype=np.float64).reshape(-1, 2) for e in entries])
+    users = UserBatch(np.concatenate([[0], np.cumsum(sizes)]), pairs[:, 0].astype(np.int64) - 1, pairs[:, 1])
+    return InMemoryDataset("clothing", users, [str(k + 1) for k in range(d)], default_padding=2)

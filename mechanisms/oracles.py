@@ -1,0 +1,191 @@
+"""Frequency oracles: GRR, SUE, OUE and OLH (Wang et al., USENIX Security 2017).
+
+Building blocks of the key-value mechanisms (SPEC.md §5). Each oracle is a
+frozen parameter object derived once from ``(d, eps)`` with
+
+* ``perturb(items, rng)`` -- one report per item (vectorised);
+* ``support(reports)`` -- per item, how many reports support it;
+* ``estimate(support, n)`` -- unbiased counts ``(C - n q) / (p - q)``;
+* ``variance(n, f)`` -- exact variance of the frequency estimate,
+  ``[q(1-q) + f (p(1-p) - q(1-q))] / (n (p-q)^2)`` (Wang et al. §4, Eq. (2)
+  plus its ``f`` term).
+
+Notation: ``p`` = probability a report supports the true item, ``q`` =
+probability it supports a given other item.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from .randomness import bernoulli_positions
+
+# OLH universal hashing ((a x + b) mod P) mod g with the Mersenne prime 2^31-1:
+# a*x < 2^62 fits in uint64, and item indices must stay below P.
+_HASH_PRIME = (1 << 31) - 1
+
+
+def _check(d: int, epsilon: float):
+    if int(d) < 2:
+        raise ValueError(f"a frequency oracle needs a domain of at least 2 items, got {d}")
+    if not math.isfinite(epsilon) or epsilon <= 0:
+        raise ValueError(f"epsilon must be a positive finite number, got {epsilon}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Oracle:
+    d: int
+    epsilon: float
+
+    def __post_init__(self):
+        _check(self.d, self.epsilon)
+
+    @property
+    def p(self) -> float:
+        raise NotImplementedError
+
+    @property
+    def q(self) -> float:
+        raise NotImplementedError
+
+    def estimate(self, support: np.ndarray, n: int) -> np.ndarray:
+        """Unbiased item counts from the support counts."""
+        return (np.asarray(support, dtype=np.float64) - n * self.q) / (self.p - self.q)
+
+    def variance(self, n: int, f) -> np.ndarray:
+        """Exact variance of ``estimate(...)/n`` for an item of frequency ``f``."""
+        p, q = self.p, self.q
+        f = np.asarray(f, dtype=np.float64)
+        return (q * (1 - q) + f * (p * (1 - p) - q * (1 - q))) / (n * (p - q) ** 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class GRR(_Oracle):
+    """Generalised randomised response (k-RR): keep w.p. ``e^eps/(e^eps+d-1)``,
+    else a uniformly random *other* item. Report = the item."""
+
+    @property
+    def p(self) -> float:
+        return math.exp(self.epsilon) / (math.exp(self.epsilon) + self.d - 1)
+
+    @property
+    def q(self) -> float:
+        return 1.0 / (math.exp(self.epsilon) + self.d - 1)
+
+    def perturb(self, items: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        items = np.asarray(items, dtype=np.int64)
+        keep = rng.random(len(items)) < self.p
+        other = rng.integers(0, self.d - 1, size=len(items))
+        other = other + (other >= items)
+        return np.where(keep, items, other)
+
+    def support(self, reports: np.ndarray) -> np.ndarray:
+        return np.bincount(reports, minlength=self.d)
+
+
+@dataclasses.dataclass(frozen=True)
+class _UnaryEncoding(_Oracle):
+    """Unary encoding: one-hot of the item, bit ``1`` kept w.p. ``p``, each
+    ``0`` set w.p. ``q``. The report is the sorted list of set positions (CSR:
+    ``offsets``, ``positions``), drawn sparsely in O(d q) per user."""
+
+    def perturb(self, items: np.ndarray, rng: np.random.Generator):
+        items = np.asarray(items, dtype=np.int64)
+        n = len(items)
+        # zero-bits: n*(d-1) slots, each set w.p. q; slot j of user i is item
+        # j + (j >= item_i), so positions stay sorted within a user.
+        slots = bernoulli_positions(n * (self.d - 1), self.q, rng)
+        owner = slots // (self.d - 1)
+        j = slots % (self.d - 1)
+        pos = j + (j >= items[owner])
+        flat = owner * self.d + pos
+        keep = rng.random(n) < self.p
+        own = (np.arange(n) * self.d + items)[keep]
+        flat = np.insert(flat, np.searchsorted(flat, own), own)
+        owner = flat // self.d
+        offsets = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=n))])
+        return offsets, (flat % self.d)
+
+    def support(self, positions: np.ndarray) -> np.ndarray:
+        return np.bincount(positions, minlength=self.d)
+
+
+@dataclasses.dataclass(frozen=True)
+class SUE(_UnaryEncoding):
+    """Symmetric unary encoding (basic RAPPOR): ``p = e^(eps/2)/(e^(eps/2)+1)``,
+    ``q = 1 - p``."""
+
+    @property
+    def p(self) -> float:
+        return math.exp(self.epsilon / 2) / (math.exp(self.epsilon / 2) + 1)
+
+    @property
+    def q(self) -> float:
+        return 1.0 / (math.exp(self.epsilon / 2) + 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class OUE(_UnaryEncoding):
+    """Optimised unary encoding: ``p = 1/2``, ``q = 1/(e^eps+1)``."""
+
+    @property
+    def p(self) -> float:
+        return 0.5
+
+    @property
+    def q(self) -> float:
+        return 1.0 / (math.exp(self.epsilon) + 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class OLH(_Oracle):
+    """Optimised local hashing: each user draws a universal hash
+    ``H(x) = ((a x + b) mod P) mod g`` with ``g = round(e^eps) + 1`` and
+    reports ``(a, b, GRR_g(H(item)))``. An item is supported when it hashes to
+    the reported value: ``p = e^eps/(e^eps+g-1)``, ``q = 1/g``."""
+
+    @property
+    def g(self) -> int:
+        return max(2, int(round(math.exp(self.epsilon))) + 1)
+
+    @property
+    def p(self) -> float:
+        return math.exp(self.epsilon) / (math.exp(self.epsilon) + self.g - 1)
+
+    @property
+    def q(self) -> float:
+        return 1.0 / self.g
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.d >= _HASH_PRIME:
+            raise ValueError(f"OLH supports domains below {_HASH_PRIME}, got {self.d}")
+
+    def hash(self, a, b, items) -> np.ndarray:
+        a = np.asarray(a, dtype=np.uint64)
+        b = np.asarray(b, dtype=np.uint64)
+        x = np.asarray(items, dtype=np.uint64)
+        return ((a * x + b) % np.uint64(_HASH_PRIME) % np.uint64(self.g)).astype(np.int64)
+
+    def perturb(self, items: np.ndarray, rng: np.random.Generator):
+        items = np.asarray(items, dtype=np.int64)
+        n = len(items)
+        a = rng.integers(1, _HASH_PRIME, size=n, dtype=np.int64)
+        b = rng.integers(0, _HASH_PRIME, size=n, dtype=np.int64)
+        hashed = self.hash(a, b, items)
+        keep = rng.random(n) < self.p
+        other = rng.integers(0, self.g - 1, size=n)
+        other = other + (other >= hashed)
+        return a, b, np.where(keep, hashed, other)
+
+    def support(self, a, b, values, chunk: int = 4096) -> np.ndarray:
+        """Support counts, evaluating every report's hash on every item in
+        chunks of reports (O(n d) work, O(chunk d) memory)."""
+        out = np.zeros(self.d, dtype=np.int64)
+        items = np.arange(self.d, dtype=np.uint64)
+        for s in range(0, len(values), chunk):
+            h = self.hash(np.asarray(a[s:s + chunk])[:, None], np.asarray(b[s:s + chunk])[:, None], items[None, :])
+            out += (h == np.asarray(values[s:s + chunk])[:, None]).sum(axis=0)
+        return out

@@ -1,0 +1,67 @@
+"""Choosing the one pair a user reports, and discretising its value.
+
+* Uniform key sampling (PrivKV, Ye et al. 2019 Alg. 2; Sun et al. 2019):
+  draw ``j`` uniformly from the whole domain, independently of the data, and
+  report the canonical form ``<1, v>`` or ``<0, 0>`` of the user for ``j``.
+* Padding-and-sampling (PCKV, Gu et al. 2020 Alg. 1; PCKV.md): with
+  probability ``eta = |S| / max(|S|, l)`` one of the user's pairs uniformly,
+  otherwise one of ``l`` dummy keys ``d … d+l-1`` uniformly, with value 0.
+
+All functions are vectorised over a ``UserBatch``; none loops over users.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import UserBatch
+
+
+def discretise(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``Disc(v)``: +1 w.p. ``(1+v)/2`` else -1, so ``E[Disc(v)] = v``."""
+    values = np.asarray(values, dtype=np.float64)
+    return np.where(rng.random(values.shape) < (1.0 + values) / 2.0, 1, -1).astype(np.int8)
+
+
+def padding_and_sampling(users: UserBatch, d: int, l: int, rng: np.random.Generator):
+    """Sample one key and its discretised value per user (PCKV Alg. 1).
+
+    Returns ``(keys, signs)``: ``keys`` in ``[0, d + l)`` (``>= d`` is a
+    dummy), ``signs`` in ``{-1, +1}`` (a dummy's value 0 gives a fair coin).
+    """
+    if l < 1:
+        raise ValueError(f"padding length l must be >= 1, got {l}")
+    n = users.n_users
+    sizes = users.sizes
+    # One uniform draw decides "real pair r" (r < |S|) or "dummy" (r >= |S|):
+    # r uniform on [0, max(|S|, l)) makes every real pair equally likely and
+    # P(real) = |S| / max(|S|, l).
+    slots = np.floor(rng.random(n) * np.maximum(sizes, l)).astype(np.int64)
+    real = slots < sizes
+    dummy = d + rng.integers(0, l, size=n)
+    pair_index = users.offsets[:-1] + np.minimum(slots, np.maximum(sizes - 1, 0))
+    safe_index = np.where(real, pair_index, 0)
+    if len(users.keys):
+        keys = np.where(real, users.keys[safe_index], dummy)
+        values = np.where(real, users.values[safe_index], 0.0)
+    else:
+        keys, values = dummy, np.zeros(n)
+    return keys.astype(np.int64), discretise(values, rng)
+
+
+def uniform_key_sampling(users: UserBatch, d: int, rng: np.random.Generator):
+    """Draw ``j`` uniform on ``[0, d)`` per user; return the canonical form.
+
+    Returns ``(j, held, values)``: whether user ``i`` holds ``j`` and its value
+    (0 where not held). Lookup is vectorised with a sorted (user, key) index.
+    """
+    n = users.n_users
+    j = rng.integers(0, d, size=n)
+    flat = users.owners * d + users.keys
+    order = np.argsort(flat, kind="stable")
+    sorted_flat = flat[order]
+    query = np.arange(n) * d + j
+    pos = np.searchsorted(sorted_flat, query)
+    pos_clip = np.minimum(pos, max(len(sorted_flat) - 1, 0))
+    held = (pos < len(sorted_flat)) & (sorted_flat[pos_clip] == query) if len(sorted_flat) else np.zeros(n, bool)
+    values = np.where(held, users.values[order][pos_clip] if len(sorted_flat) else 0.0, 0.0)
+    return j, held, values

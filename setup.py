@@ -1,0 +1,26 @@
+"""kvldp: key-value data under local differential privacy, on Apache Beam."""
+from setuptools import find_packages, setup
+
+setup(
+    name="kvldp",
+    version="0.1.0",
+    description="Key-value local differential privacy mechanisms as Apache Beam pipelines",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["mechanisms", "mechanisms.*", "transforms", "transforms.*",
+                                    "pipelines", "pipelines.*", "schemas", "schemas.*"]),
+    package_data={"schemas": ["*.avsc"]},
+    install_requires=[
+        "apache-beam[gcp]>=2.60,<3",
+        "numpy>=1.24",
+        "scipy>=1.10",
+        "fastavro>=1.8",
+        "google-cloud-storage>=2.10",
+    ],
+    extras_require={
+        "test": ["pytest>=7", "pytest-timeout>=2"],
+        "flink": [],
+    },
+    entry_points={"console_scripts": ["kvldp = pipelines.cli:main"]},
+)
