@@ -106,7 +106,8 @@ class _PCKV(Mechanism):
         raise NotImplementedError
 
     def config(self) -> Mapping:
-        return {**super().config(), "padding": self.l, "clip": self.clip}
+        # clip is the collector's choice, not a property of the reports.
+        return {**super().config(), "padding": self.l}
 
     @property
     def report_domain(self) -> int:

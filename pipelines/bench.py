@@ -1,0 +1,70 @@
+"""``kvldp bench``: users/second of the Beam pipeline next to the pure-NumPy
+local runner on the same data (generate -> perturb -> accumulate -> calibrate)."""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from mechanisms.local import run_local
+from pipelines import common
+from pipelines.graphs import collect_estimates
+from pipelines.report import read_estimates
+from transforms.io import WriteEstimates
+from transforms.perturb import Perturb
+
+
+def add_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument("--mechanism", required=True)
+    parser.add_argument("--epsilon", type=float, default=4.0)
+    parser.add_argument("--users", type=int, default=1_000_000)
+    parser.add_argument("--keys", type=int, default=100)
+    parser.add_argument("--padding", "-l", type=int, default=1)
+    parser.add_argument("--dataset", default="synthetic-uu", choices=("synthetic-uu", "synthetic-gg", "synthetic-multi"))
+    parser.add_argument("--batch-size", type=int, default=50_000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs of each path (best is reported)")
+
+
+def _beam_run(args, beam_args, dataset, mechanism) -> tuple[float, np.ndarray]:
+    import apache_beam as beam
+
+    out = os.path.join(tempfile.mkdtemp(prefix="kvldp-bench-"), "estimates.jsonl")
+    start = time.perf_counter()
+    p = common.make_pipeline(beam_args)
+    users = (p
+             | "BatchSpecs" >> beam.Create(dataset.specs(args.batch_size))
+             | "SpreadBatches" >> beam.Reshuffle()
+             | "MakeUsers" >> beam.MapTuple(dataset.batch))
+    reports = users | "Perturb" >> Perturb(mechanism, args.seed)
+    names = p | "KeyNames" >> beam.Create([dataset.key_names])
+    collect_estimates(reports, mechanism, names) | "Write" >> WriteEstimates(out)
+    p.run().wait_until_finish()
+    seconds = time.perf_counter() - start
+    return seconds, np.array([r["frequency"] for r in sorted(read_estimates(out), key=lambda r: int(r["key"]))])
+
+
+def run(args, beam_args) -> dict:
+    dataset = common.SyntheticDataset(args.dataset.split("-", 1)[1], n_users=args.users, d=args.keys, seed=args.seed)
+    from mechanisms import registry
+
+    mechanism = registry.make(args.mechanism, args.keys, args.epsilon, padding=args.padding)
+    numpy_s, beam_s = [], []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        local = run_local(mechanism, dataset, args.seed, args.batch_size)
+        numpy_s.append(time.perf_counter() - start)
+        seconds, beam_freq = _beam_run(args, beam_args, dataset, mechanism)
+        beam_s.append(seconds)
+    same = bool(np.array_equal(beam_freq, local.estimates.frequency))
+    n = args.users
+    numpy_rate, beam_rate = n / min(numpy_s), n / min(beam_s)
+    print(f"{mechanism!r}, {args.dataset}, n={n:,}, batch={args.batch_size:,}")
+    print(f"  numpy local runner: {min(numpy_s):8.2f} s  {numpy_rate / 1e6:8.3f} M users/s")
+    print(f"  beam pipeline:      {min(beam_s):8.2f} s  {beam_rate / 1e6:8.3f} M users/s")
+    print(f"  ratio beam/numpy:   {beam_rate / numpy_rate:8.2f}   identical estimates: {same}")
+    return {"numpy_users_per_s": numpy_rate, "beam_users_per_s": beam_rate, "ratio": beam_rate / numpy_rate,
+            "identical": same}

@@ -1,0 +1,43 @@
+"""The ``kvldp`` command line. Unknown flags pass through to Beam unchanged
+(``--runner``, ``--direct_num_workers``, ``--project``, …)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from pipelines import bench, simulate, split
+
+COMMANDS = {
+    "simulate": (simulate.add_arguments, simulate.run,
+                 "generate or read ratings, perturb, aggregate and calibrate in one pipeline"),
+    "perturb": (split.add_perturb_arguments, split.run_perturb,
+                "client/ingest side: ratings -> randomised reports (Avro)"),
+    "collect": (split.add_collect_arguments, split.run_collect,
+                "collector side: reports -> calibrated estimates"),
+    "bench": (bench.add_arguments, bench.run, "users/second of the Beam pipeline vs the NumPy runner"),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="kvldp", description="Key-value data under local differential privacy.",
+                                  epilog="Any other --flag is a Beam pipeline option, e.g. --runner FlinkRunner.")
+    sub = top.add_subparsers(dest="command", required=True)
+    for name, (add, _, help_text) in COMMANDS.items():
+        add(sub.add_parser(name, help=help_text, description=help_text))
+    return top
+
+
+def main(argv=None) -> int:
+    logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    args, beam_args = parser().parse_known_args(argv)
+    try:
+        COMMANDS[args.command][1](args, beam_args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"kvldp {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""What every job shares: the pipeline factory, datasets, user sources, metrics."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from typing import Sequence
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
+from mechanisms import registry
+from mechanisms.base import Mechanism
+from mechanisms.datasets import DEFAULT_BATCH_SIZE, Dataset, SyntheticDataset, load_clothing
+from mechanisms.randomness import fresh_seed
+from transforms.io import DEAD_LETTER, ReadRatings
+
+DATASETS = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "clothing")
+
+
+def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
+    """A pipeline with every Beam option passed through.
+
+    Without ``--runner`` it runs on the in-process FnApiRunner (what
+    DirectRunner falls back to) so a local batch job never tries to download
+    the Prism binary (DESIGN.md); locally it defaults to two worker threads,
+    the fastest local mode measured here.
+    """
+    options = PipelineOptions(list(beam_args))
+    if options.view_as(StandardOptions).runner is not None:
+        return beam.Pipeline(options=options)
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+    direct = options.view_as(DirectOptions)
+    if not any(a.startswith("--direct_num_workers") for a in beam_args):
+        direct.direct_num_workers = min(2, os.cpu_count() or 1)
+    if not any(a.startswith("--direct_running_mode") for a in beam_args):
+        direct.direct_running_mode = "multi_threading"
+    return beam.Pipeline(runner=FnApiRunner(), options=options)
+
+
+def add_mechanism_args(parser: argparse.ArgumentParser):
+    parser.add_argument("--mechanism", required=True, choices=registry.names())
+    parser.add_argument("--epsilon", type=float, required=True, help="total privacy budget per user")
+    parser.add_argument("--padding", "-l", type=int, default=None,
+                        help="padding length l (default: the dataset's, 1 for single-pair data, 2 for clothing)")
+    parser.add_argument("--clip", choices=("paper", "matlab"), default="paper",
+                        help="clip value counts into [0, N] (Algorithm 4) or [1, N] (authors' MATLAB)")
+
+
+def add_dataset_args(parser: argparse.ArgumentParser, default: str | None = "synthetic-uu"):
+    parser.add_argument("--dataset", default=default,
+                        help=f"one of {', '.join(DATASETS)}, or a ratings file/pattern (CSV, JSONL, Avro)")
+    parser.add_argument("--dataset-path", default=None, help="where the clothing .mat file is")
+    parser.add_argument("--users", type=int, default=1_000_000, help="synthetic users")
+    parser.add_argument("--keys", type=int, default=100, help="synthetic keys d")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="run seed (simulations/tests); default: fresh from the OS CSPRNG")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="users per batch")
+    ratings = parser.add_argument_group("ratings files")
+    ratings.add_argument("--input-format", choices=("csv", "jsonl", "avro"), default=None)
+    ratings.add_argument("--user-col", default="user")
+    ratings.add_argument("--item-col", default="item")
+    ratings.add_argument("--rating-col", default="rating")
+    ratings.add_argument("--rating-range", default="-1,1", help="lo,hi of the ratings (mapped onto [-1, 1])")
+    ratings.add_argument("--key-dictionary", default=None,
+                         help="file with one item id per line (index = key); default: the items in the data")
+    ratings.add_argument("--shards", type=int, default=16, help="user shards (= report batches) for files")
+
+
+def parse_range(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--rating-range must be 'lo,hi', got {text!r}") from None
+    if not lo < hi:
+        raise SystemExit(f"--rating-range needs lo < hi, got {text!r}")
+    return lo, hi
+
+
+def read_dictionary(path: str) -> list[str]:
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(path) as fh:
+        names = [line.strip() for line in fh.read().decode("utf-8").splitlines() if line.strip()]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"key dictionary {path} lists a key twice")
+    if not names:
+        raise SystemExit(f"key dictionary {path} is empty")
+    return names
+
+
+@dataclasses.dataclass
+class Seeds:
+    data: int
+    perturb: int
+
+    @classmethod
+    def from_arg(cls, seed: int | None) -> "Seeds":
+        if seed is None:
+            return cls(fresh_seed(), fresh_seed())
+        return cls(seed, seed)
+
+
+def built_in_dataset(args, data_seed: int) -> Dataset | None:
+    """The named dataset, or ``None`` when ``--dataset`` is a file pattern."""
+    name = args.dataset
+    if name in ("synthetic-uu", "synthetic-gg", "synthetic-multi"):
+        return SyntheticDataset(name.split("-", 1)[1], n_users=args.users, d=args.keys,
+                                seed=data_seed)
+    if name == "clothing":
+        return load_clothing(args.dataset_path)
+    return None
+
+
+@dataclasses.dataclass
+class UserSource:
+    """Users as a PCollection of ``UserBatch``, plus what the job needs about them."""
+
+    users: beam.PCollection
+    key_names: beam.PCollection          # a single list of item ids
+    dead_letter: beam.PCollection | None
+    d: int
+
+
+def derive_dictionary(args, beam_args) -> list[str]:
+    """Sorted distinct item ids of the ratings files, by a small pre-pass job
+    (the mechanism's domain size must be known before the main graph is built)."""
+    import tempfile
+
+    out = os.path.join(tempfile.mkdtemp(prefix="kvldp-dict-"), "keys.txt")
+    p = make_pipeline(beam_args)
+    read = p | "ReadRatings" >> ReadRatings(
+        args.dataset, parse_range(args.rating_range), None, args.input_format,
+        args.user_col, args.item_col, args.rating_col, args.shards)
+    (read["dictionary"] | "Join" >> beam.Map("\n".join)
+     | "Write" >> beam.io.WriteToText(out, num_shards=1, shard_name_template=""))
+    p.run().wait_until_finish()
+    return read_dictionary(out)
+
+
+def user_source(p: beam.Pipeline, args, dataset: Dataset | None,
+                dictionary: Sequence[str] | None = None) -> UserSource:
+    """Generate a built-in dataset's batches on the workers, or read ratings
+    (``dictionary``: the key dictionary for ratings files)."""
+    if dataset is not None:
+        users = (p
+                 | "BatchSpecs" >> beam.Create(dataset.specs(args.batch_size))
+                 | "SpreadBatches" >> beam.Reshuffle()
+                 | "MakeUsers" >> beam.MapTuple(dataset.batch))
+        names = p | "KeyNames" >> beam.Create([dataset.key_names])
+        return UserSource(users, names, None, dataset.d)
+    read = p | "ReadRatings" >> ReadRatings(
+        args.dataset, parse_range(args.rating_range), dictionary, args.input_format,
+        args.user_col, args.item_col, args.rating_col, args.shards)
+    return UserSource(read["users"], read["dictionary"], read[DEAD_LETTER], len(dictionary))
+
+
+def key_dictionary(args, beam_args) -> list[str]:
+    """The key dictionary of a ratings-file dataset: given, or derived."""
+    return read_dictionary(args.key_dictionary) if args.key_dictionary else derive_dictionary(args, beam_args)
+
+
+def counters(result) -> dict[str, int]:
+    """The ``kvldp`` counters of a finished pipeline."""
+    out: dict[str, int] = {}
+    try:
+        for c in result.metrics().query()["counters"]:
+            if c.key.metric.namespace == "kvldp":
+                value = c.committed if c.committed is not None else c.attempted
+                out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(value or 0)
+    except Exception as err:  # some runners do not report metrics
+        print(f"(metrics unavailable: {err})", file=sys.stderr)
+    return out
+
+
+def print_row_summary(stats: dict[str, int], out=sys.stdout):
+    """``rows read = accepted + rejected`` for jobs that read ratings files."""
+    if "rows_read" not in stats:
+        return
+    read, acc, rej = stats.get("rows_read", 0), stats.get("rows_accepted", 0), stats.get("rows_rejected", 0)
+    status = "ok" if read == acc + rej else "MISMATCH"
+    print(f"rows read {read} = accepted {acc} + rejected {rej} [{status}]", file=out)
+
+
+def make_mechanism(args, d: int, dataset: Dataset | None = None) -> Mechanism:
+    padding = args.padding or (dataset.default_padding if dataset is not None else 1)
+    return registry.make(args.mechanism, d, args.epsilon, padding=padding, clip=args.clip)

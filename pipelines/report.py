@@ -1,0 +1,67 @@
+"""Reading estimate files back and printing what a person looks at."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+
+import fastavro
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+
+import schemas
+from transforms.io import format_of
+
+
+def read_estimates(path: str) -> list[dict]:
+    """Estimate records from an Avro, JSON Lines or CSV file."""
+    fmt = format_of(path)
+    with FileSystems.open(path) as fh:
+        if fmt == "avro":
+            return list(fastavro.reader(fh))
+        text = fh.read().decode("utf-8")
+    if fmt == "jsonl":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    rows = list(csv.DictReader(io.StringIO(text)))
+    numeric = set(schemas.ESTIMATE_FIELDS) - {"key", "mechanism"}
+    return [{k: (None if v == "" else float(v)) if k in numeric else v for k, v in r.items()} for r in rows]
+
+
+def _arr(records, field):
+    return np.array([np.nan if r.get(field) is None else r[field] for r in records], dtype=np.float64)
+
+
+def mse_summary(records: list[dict], top: int = 50) -> dict[str, float]:
+    """MSE of frequency and mean over all keys and over the ``top`` most
+    frequent (true frequency) keys. Means count only keys someone holds."""
+    f, tf = _arr(records, "frequency"), _arr(records, "true_frequency")
+    m, tm = _arr(records, "mean"), _arr(records, "true_mean")
+    top_idx = np.argsort(-tf, kind="stable")[:top]
+    out = {}
+    for label, idx in (("all", np.arange(len(records))), (f"top{top}", top_idx)):
+        held = idx[np.isfinite(tm[idx])]
+        out[f"mse_frequency_{label}"] = float(np.mean((f[idx] - tf[idx]) ** 2))
+        out[f"mse_mean_{label}"] = float(np.mean((m[held] - tm[held]) ** 2)) if len(held) else float("nan")
+    return out
+
+
+def print_table(records: list[dict], rows: int = 10, out=sys.stdout):
+    """The most frequent keys: truth (when known) next to estimate ± s.e."""
+    has_truth = any(r.get("true_frequency") is not None for r in records)
+    order_field = "true_frequency" if has_truth else "frequency"
+    ranked = sorted(records, key=lambda r: -(r.get(order_field) or 0.0))[:rows]
+    if has_truth:
+        print(f"{'key':>10} {'true f':>9} {'est f':>9} {'± s.e.':>9} {'true m':>8} {'est m':>8} {'± s.e.':>8}",
+              file=out)
+    else:
+        print(f"{'key':>10} {'est f':>9} {'± s.e.':>9} {'est m':>8} {'± s.e.':>8}", file=out)
+    for r in ranked:
+        se_m = "" if r.get("mean_se") is None else f"{r['mean_se']:8.4f}"
+        if has_truth:
+            tm = "" if r.get("true_mean") is None else f"{r['true_mean']:8.4f}"
+            print(f"{r['key']:>10} {r['true_frequency']:9.5f} {r['frequency']:9.5f} {r['frequency_se']:9.5f} "
+                  f"{tm:>8} {r['mean']:8.4f} {se_m:>8}", file=out)
+        else:
+            print(f"{r['key']:>10} {r['frequency']:9.5f} {r['frequency_se']:9.5f} {r['mean']:8.4f} {se_m:>8}",
+                  file=out)

@@ -1,0 +1,28 @@
+"""Avro schemas shipped with the package, loaded as dicts (usable by WriteToAvro)."""
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+
+import fastavro
+
+RATING = "rating"
+REPORT = "report"
+ESTIMATE = "estimate"
+
+
+@functools.lru_cache(maxsize=None)
+def load(name: str) -> dict:
+    """The schema ``name`` (``rating``, ``report``, ``estimate``) as a JSON dict."""
+    text = resources.files(__name__).joinpath(f"{name}.avsc").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+@functools.lru_cache(maxsize=None)
+def parsed(name: str):
+    """The schema parsed by fastavro (for fastavro readers and writers)."""
+    return fastavro.parse_schema(load(name))
+
+
+ESTIMATE_FIELDS = [f["name"] for f in load(ESTIMATE)["fields"]]

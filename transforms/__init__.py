@@ -1,0 +1,1 @@
+"""Beam wiring around the pure mechanisms: one DoFn, one CombineFn, I/O."""
