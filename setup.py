@@ -19,7 +19,7 @@ setup(
         "google-cloud-storage>=2.10",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout>=2"],
+        "test": ["pytest>=7"],
         "flink": [],
     },
     entry_points={"console_scripts": ["kvldp = pipelines.cli:main"]},

@@ -175,8 +175,9 @@ def counters(result) -> dict[str, int]:
     return out
 
 
-def print_row_summary(stats: dict[str, int], out=sys.stdout):
+def print_row_summary(stats: dict[str, int], out=None):
     """``rows read = accepted + rejected`` for jobs that read ratings files."""
+    out = out or sys.stdout
     if "rows_read" not in stats:
         return
     read, acc, rej = stats.get("rows_read", 0), stats.get("rows_accepted", 0), stats.get("rows_rejected", 0)

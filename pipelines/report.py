@@ -46,8 +46,9 @@ def mse_summary(records: list[dict], top: int = 50) -> dict[str, float]:
     return out
 
 
-def print_table(records: list[dict], rows: int = 10, out=sys.stdout):
+def print_table(records: list[dict], rows: int = 10, out=None):
     """The most frequent keys: truth (when known) next to estimate ± s.e."""
+    out = out or sys.stdout
     has_truth = any(r.get("true_frequency") is not None for r in records)
     order_field = "true_frequency" if has_truth else "frequency"
     ranked = sorted(records, key=lambda r: -(r.get(order_field) or 0.0))[:rows]

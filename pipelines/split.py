@@ -9,7 +9,7 @@ import apache_beam as beam
 
 from pipelines import common, report
 from pipelines.graphs import collect_estimates
-from transforms.io import ReadReports, WriteEstimates, WriteReports, write_dead_letters
+from transforms.io import ReadReports, check_report_files, WriteEstimates, WriteReports, write_dead_letters
 from transforms.perturb import Perturb
 
 
@@ -69,6 +69,7 @@ def run_collect(args, beam_args) -> dict:
     else:
         sys.exit("collect needs --key-dictionary (from perturb) or --keys d")
     mechanism = common.make_mechanism(args, len(names))
+    check_report_files(args.input, mechanism)
     p = common.make_pipeline(beam_args)
     reports = p | "ReadReports" >> ReadReports(args.input, mechanism)
     key_names = p | "KeyNames" >> beam.Create([names])

@@ -369,6 +369,21 @@ class _ReadReportFileFn(beam.DoFn):
                 yield reports_from_records(batch)
 
 
+def check_report_files(pattern: str, mechanism: Mechanism) -> int:
+    """Fail fast, in the driver, when no file matches or the first file's
+    reports were made with other parameters; returns the number of files."""
+    matched = FileSystems.match([pattern])[0].metadata_list
+    if not matched:
+        raise ValueError(f"no report files match {pattern!r}")
+    with FileSystems.open(matched[0].path) as fh:
+        raw = fastavro.reader(fh).metadata.get(CONFIG_METADATA_KEY)
+    found, expected = (json.loads(raw) if raw else None), dict(mechanism.config())
+    if found != expected:
+        raise ValueError(f"{matched[0].path}: reports were made by {found}, but the collector was configured "
+                         f"as {expected}; rerun collect with the perturbing side's parameters")
+    return len(matched)
+
+
 class ReadReports(beam.PTransform):
     """Avro report files -> ``ReportBatch``es, checked against the mechanism."""
 

@@ -1,0 +1,95 @@
+"""The mechanisms package is pure NumPy (SPEC.md, base.py docstring).
+
+* Importing every module of ``mechanisms`` must not pull in Apache Beam or
+  fastavro, so a device- or server-side client can use it alone.
+* Client randomness comes only from explicit ``numpy.random.Generator``s
+  (randomness.py): no module may call the global ``np.random.<fn>(`` state.
+"""
+import json
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mechanisms
+
+ROOT = Path(__file__).resolve().parents[1]
+MECH_DIR = ROOT / "mechanisms"
+SOURCES = sorted(MECH_DIR.rglob("*.py"))
+
+FORBIDDEN_IMPORT = re.compile(r"^\s*(import\s+apache_beam|from\s+apache_beam\b)|fastavro", re.MULTILINE)
+GLOBAL_RANDOM = re.compile(
+    r"\b(?:np|numpy)\.random\.(seed|rand|random|choice|binomial|uniform|randint|randn)\s*\(")
+
+# Runs in a fresh interpreter: a meta-path hook records any *attempt* to import
+# the forbidden packages (even one that fails or is caught), then every module
+# of the package is imported.
+_PROBE = r"""
+import importlib, json, pkgutil, sys
+
+attempts = []
+
+class Recorder:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("apache_beam", "fastavro"):
+            attempts.append(name)
+        return None
+
+sys.meta_path.insert(0, Recorder())
+import mechanisms
+names = ["mechanisms"] + [m.name for m in pkgutil.walk_packages(mechanisms.__path__, "mechanisms.")]
+for name in names:
+    importlib.import_module(name)
+print(json.dumps({
+    "imported": names,
+    "loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("apache_beam", "fastavro")),
+    "attempts": attempts,
+}))
+"""
+
+
+def test_sources_found():
+    """Guard: the scans below really look at the package's files."""
+    names = {p.name for p in SOURCES}
+    assert {"base.py", "randomness.py", "sampling.py", "oracles.py", "pckv.py"} <= names
+
+
+def test_importing_every_module_loads_no_beam_or_fastavro():
+    proc = subprocess.run([sys.executable, "-c", _PROBE], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    expected = {"mechanisms." + m.name for m in pkgutil.iter_modules(mechanisms.__path__)}
+    assert expected <= set(out["imported"])
+    assert out["loaded"] == [], f"Beam/fastavro modules loaded: {out['loaded']}"
+    assert out["attempts"] == [], f"imports of Beam/fastavro attempted: {out['attempts']}"
+
+
+def test_patterns_catch_what_they_should():
+    """Self-test of the regexes, so the scans below cannot pass vacuously."""
+    for bad in ("import apache_beam as beam", "from apache_beam.io import ReadFromText",
+                "import fastavro", "  from fastavro import reader"):
+        assert FORBIDDEN_IMPORT.search(bad), bad
+    for bad in ("np.random.seed(0)", "x = np.random.rand(3)", "numpy.random.choice(5, 2)",
+                "np.random.binomial (10, .5)", "np.random.uniform(-1, 1)", "np.random.randint(3)",
+                "np.random.randn(2)", "np.random.random()"):
+        assert GLOBAL_RANDOM.search(bad), bad
+    for ok in ("np.random.Generator(np.random.PCG64DXSM(ss))", "np.random.SeedSequence([1])",
+               "rng.random(n)", "rng.choice(d, size=n)", "rng.uniform(-1.0, 1.0, d)"):
+        assert not GLOBAL_RANDOM.search(ok), ok
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
+def test_source_has_no_beam_or_fastavro_import(path):
+    hits = [m.group(0) for m in FORBIDDEN_IMPORT.finditer(path.read_text(encoding="utf-8"))]
+    assert hits == []
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
+def test_source_uses_no_global_numpy_random_state(path):
+    lines = path.read_text(encoding="utf-8").splitlines()
+    hits = [f"{path.name}:{i}: {line.strip()}" for i, line in enumerate(lines, 1) if GLOBAL_RANDOM.search(line)]
+    assert hits == []

@@ -1,0 +1,212 @@
+"""Client-side sampling (sampling.py) and randomness helpers (randomness.py).
+
+* ``discretise``: E[Disc(v)] = v (SPEC.md notation).
+* ``padding_and_sampling`` (PCKV Alg. 1, PCKV.md): each real pair w.p.
+  1/max(|S|, l), each dummy w.p. (1 - eta)/l with eta = |S|/max(|S|, l), fair
+  signs for dummies.
+* ``uniform_key_sampling`` (PrivKV Alg. 2): the canonical form for a uniform j.
+* ``bernoulli_positions``: exactly i.i.d. Bernoulli(p) slots.
+* ``batch_rng``: a pure function of (seed, stream, batch_id).
+"""
+import math
+
+import numpy as np
+import pytest
+
+from mechanisms.base import UserBatch
+from mechanisms.randomness import (STREAM_DATA, STREAM_PERTURB, batch_rng, bernoulli_positions,
+                                   fresh_seed)
+from mechanisms.sampling import discretise, padding_and_sampling, uniform_key_sampling
+
+
+def repeat_user(pairs, times, batch_id=0):
+    """A UserBatch of ``times`` identical users holding ``pairs``."""
+    keys = np.tile([k for k, _ in pairs], times).astype(np.int64)
+    values = np.tile([v for _, v in pairs], times).astype(np.float64)
+    offsets = np.arange(times + 1) * len(pairs)
+    return UserBatch(offsets, keys, values, batch_id)
+
+
+# ------------------------------------------------------------ discretise --
+def test_discretise_is_unbiased():
+    """E[Disc(v)] = v, Var = 1 - v^2: sample mean within 4 sigma."""
+    n = 200_000
+    rng = batch_rng(1, 0)
+    for v in (-0.9, -0.5, 0.0, 0.3, 0.75):
+        x = discretise(np.full(n, v), rng)
+        assert x.dtype == np.int8 and set(np.unique(x)) <= {-1, 1}
+        sigma = math.sqrt((1 - v * v) / n)
+        assert abs(x.mean() - v) < 4 * sigma, (v, x.mean())
+
+
+def test_discretise_extremes_are_deterministic():
+    rng = batch_rng(1, 1)
+    assert np.all(discretise(np.ones(10_000), rng) == 1)
+    assert np.all(discretise(-np.ones(10_000), rng) == -1)
+    assert discretise(np.zeros((3, 4)), rng).shape == (3, 4)
+
+
+# -------------------------------------------------- padding and sampling --
+D, L = 10, 3
+CASES = {
+    "empty": [],
+    "smaller_than_l": [(4, 0.5)],
+    "equal_to_l": [(0, -0.2), (5, 1.0), (9, 0.6)],
+    "larger_than_l": [(1, 0.1), (2, -1.0), (3, 0.4), (7, 0.0), (8, -0.5)],
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_padding_and_sampling_probabilities(case):
+    """Each real pair is sampled w.p. 1/max(|S|, l), each dummy w.p.
+    (1 - eta)/l; signs of a real pair average to its value and dummies get a
+    fair coin. Binomial 4.5 sigma (Bonferroni over the d + l keys)."""
+    pairs = CASES[case]
+    n = 120_000
+    keys, signs = padding_and_sampling(repeat_user(pairs, n), D, L, batch_rng(2, len(pairs)))
+    assert keys.shape == signs.shape == (n,)
+    assert keys.min() >= 0 and keys.max() < D + L
+    assert set(np.unique(signs)) <= {-1, 1}
+    s = len(pairs)
+    eta = s / max(s, L) if s else 0.0
+    expect = np.zeros(D + L)
+    for k, _ in pairs:
+        expect[k] = 1 / max(s, L)
+    expect[D:] = (1 - eta) / L
+    freq = np.bincount(keys, minlength=D + L) / n
+    sigma = np.sqrt(expect * (1 - expect) / n)
+    assert np.all(np.abs(freq - expect) <= 4.5 * sigma), (freq, expect)
+    # keys nobody holds are never sampled (sigma = 0 above makes this exact)
+    assert np.all(freq[expect == 0] == 0)
+    # signs: mean value of a real pair, a fair coin for dummies
+    for k, v in pairs:
+        sel = signs[keys == k]
+        if abs(v) == 1:
+            assert np.all(sel == v)
+        else:
+            assert abs(sel.mean() - v) < 4.5 * math.sqrt((1 - v * v) / len(sel))
+    dummy = signs[keys >= D]
+    if len(dummy):
+        assert abs(dummy.mean()) < 4.5 / math.sqrt(len(dummy))
+
+
+def test_padding_and_sampling_mixed_batch_and_empty_batch():
+    """Users of different sizes in one batch keep their own distribution, and a
+    batch with no pairs at all samples only dummies."""
+    n = 40_000
+    users = UserBatch.concat([repeat_user(CASES["larger_than_l"], n), repeat_user([], n),
+                              repeat_user(CASES["smaller_than_l"], n)])
+    keys, _ = padding_and_sampling(users, D, L, batch_rng(3, 0))
+    first, second, third = keys[:n], keys[n:2 * n], keys[2 * n:]
+    assert set(np.unique(first)) <= {1, 2, 3, 7, 8}
+    assert np.all(second >= D)
+    assert set(np.unique(third)) <= {4, D, D + 1, D + 2}
+    p4 = np.mean(third == 4)
+    assert abs(p4 - 1 / L) < 4.5 * math.sqrt(2 / 9 / n)
+    only_empty = UserBatch(np.zeros(6, dtype=np.int64), [], [])
+    keys, signs = padding_and_sampling(only_empty, D, L, batch_rng(3, 1))
+    assert np.all((keys >= D) & (keys < D + L)) and len(signs) == 5
+
+
+def test_padding_and_sampling_rejects_zero_padding():
+    with pytest.raises(ValueError):
+        padding_and_sampling(repeat_user([(0, 0.0)], 3), D, 0, batch_rng(0, 0))
+
+
+# ------------------------------------------------- uniform key sampling --
+def test_uniform_key_sampling_canonical_form():
+    """(j, held, value) is the canonical form <1, v> / <0, 0> of the user for
+    its j, checked against a dict lookup; j is uniform on [0, d)."""
+    d = 6
+    users_pairs = [[(2, 0.5), (5, -1.0)], [], [(0, 0.25)], [(1, 0.9), (3, -0.3), (4, 0.0), (0, 1.0)],
+                   [(5, 0.7)]]
+    reps = 4000
+    batch = UserBatch.concat([repeat_user(p, 1) for p in users_pairs] * reps)
+    j, held, values = uniform_key_sampling(batch, d, batch_rng(4, 0))
+    n = batch.n_users
+    assert j.shape == held.shape == values.shape == (n,)
+    lookup = [dict(p) for p in users_pairs] * reps
+    exp_held = np.array([jj in u for jj, u in zip(j.tolist(), lookup)])
+    exp_vals = np.array([u.get(jj, 0.0) for jj, u in zip(j.tolist(), lookup)])
+    np.testing.assert_array_equal(held, exp_held)
+    np.testing.assert_array_equal(values, exp_vals)
+    assert held.any() and (~held).any()
+    freq = np.bincount(j, minlength=d) / n
+    assert j.min() >= 0 and j.max() < d
+    assert np.all(np.abs(freq - 1 / d) < 4.5 * math.sqrt((1 / d) * (1 - 1 / d) / n))
+
+
+def test_uniform_key_sampling_without_any_pairs():
+    batch = UserBatch(np.zeros(4, dtype=np.int64), [], [])
+    j, held, values = uniform_key_sampling(batch, 5, batch_rng(4, 1))
+    assert len(j) == 3 and not held.any() and np.all(values == 0)
+
+
+# -------------------------------------------------- bernoulli_positions --
+def test_bernoulli_positions_shape_and_count():
+    """Sorted, unique, in range; the count of one large draw is
+    Binomial(total, p) within 4 sigma."""
+    rng = batch_rng(5, 0)
+    for total, p in [(1_000_000, 0.01), (200_000, 0.37), (50_000, 0.93), (10, 0.5), (3, 1e-6)]:
+        pos = bernoulli_positions(total, p, rng)
+        assert pos.dtype == np.int64
+        assert np.all(np.diff(pos) > 0)
+        assert len(pos) == 0 or (pos[0] >= 0 and pos[-1] < total)
+        assert abs(len(pos) - total * p) <= 4 * math.sqrt(total * p * (1 - p)) + 1e-9, (total, p, len(pos))
+
+
+def test_bernoulli_positions_edge_cases():
+    rng = batch_rng(5, 1)
+    assert len(bernoulli_positions(0, 0.5, rng)) == 0
+    assert len(bernoulli_positions(-3, 0.5, rng)) == 0
+    assert len(bernoulli_positions(100, 0.0, rng)) == 0
+    np.testing.assert_array_equal(bernoulli_positions(7, 1.0, rng), np.arange(7))
+
+
+@pytest.mark.parametrize("p", [0.02, 0.3, 0.8])
+def test_bernoulli_positions_is_iid_per_slot(p):
+    """R draws over ``total`` slots: each slot's hit count is Binomial(R, p),
+    so sum of squared z-scores ~ chi2(total) (mean total, s.d. sqrt(2 total));
+    the first and last slots and the two halves are checked separately, and
+    the per-draw count has variance total p (1 - p) (binomial, not Poisson)."""
+    total, R = 400, 3000
+    rng = batch_rng(6, int(p * 100))
+    hits = np.zeros(total)
+    sizes = np.empty(R)
+    for r in range(R):
+        pos = bernoulli_positions(total, p, rng)
+        hits[pos] += 1
+        sizes[r] = len(pos)
+    sd = math.sqrt(R * p * (1 - p))
+    z = (hits - R * p) / sd
+    chi2 = float((z ** 2).sum())
+    assert abs(chi2 - total) < 5 * math.sqrt(2 * total), chi2
+    assert abs(z[0]) < 4.5 and abs(z[-1]) < 4.5
+    half = total // 2
+    sd_half = math.sqrt(R * half * p * (1 - p))
+    assert abs(hits[:half].sum() - R * half * p) < 4 * sd_half
+    assert abs(hits[half:].sum() - R * half * p) < 4 * sd_half
+    # sample variance of the count: relative s.e. sqrt(2/(R-1)) = 2.6%
+    assert abs(sizes.var(ddof=1) / (total * p * (1 - p)) - 1) < 0.15
+
+
+# ------------------------------------------------------------ batch_rng --
+def test_batch_rng_is_a_pure_function_of_seed_stream_batch():
+    big = (1 << 127) + 12345
+    a = batch_rng(big, 7).random(64)
+    np.testing.assert_array_equal(a, batch_rng(big, 7).random(64))
+    assert not np.array_equal(a, batch_rng(big, 8).random(64))
+    assert not np.array_equal(a, batch_rng(big + 1, 7).random(64))
+    assert not np.array_equal(a, batch_rng(big, 7, STREAM_DATA).random(64))
+    np.testing.assert_array_equal(batch_rng(3, 7, STREAM_PERTURB).random(8), batch_rng(3, 7).random(8))
+
+
+def test_batch_rng_requires_a_seed():
+    with pytest.raises(ValueError):
+        batch_rng(None, 0)
+
+
+def test_fresh_seed_is_128_bit_and_varies():
+    seeds = {fresh_seed() for _ in range(4)}
+    assert len(seeds) == 4
+    assert all(0 <= s < (1 << 128) for s in seeds)
