@@ -31,18 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser):
 
 
 def _beam_run(args, beam_args, dataset, mechanism) -> tuple[float, np.ndarray]:
-    import apache_beam as beam
-
     out = os.path.join(tempfile.mkdtemp(prefix="kvldp-bench-"), "estimates.jsonl")
     start = time.perf_counter()
     p = common.make_pipeline(beam_args)
-    users = (p
-             | "BatchSpecs" >> beam.Create(dataset.specs(args.batch_size))
-             | "SpreadBatches" >> beam.Reshuffle()
-             | "MakeUsers" >> beam.MapTuple(dataset.batch))
-    reports = users | "Perturb" >> Perturb(mechanism, args.seed)
-    names = p | "KeyNames" >> beam.Create([dataset.key_names])
-    collect_estimates(reports, mechanism, names) | "Write" >> WriteEstimates(out)
+    source = common.user_source(p, args, dataset)
+    reports = source.users | "Perturb" >> Perturb(mechanism, args.seed)
+    collect_estimates(reports, mechanism, source.key_names) | "Write" >> WriteEstimates(out)
     p.run().wait_until_finish()
     seconds = time.perf_counter() - start
     return seconds, np.array([r["frequency"] for r in sorted(read_estimates(out), key=lambda r: int(r["key"]))])
