@@ -143,6 +143,9 @@ class Estimates:
         return len(self.frequency)
 
 
+MAX_EPSILON = 30.0
+
+
 class Mechanism(abc.ABC):
     """A key-value LDP mechanism: perturb, accumulate/merge, estimate."""
 
@@ -153,6 +156,10 @@ class Mechanism(abc.ABC):
             raise ValueError(f"the key domain needs at least one key, got d={d}")
         if not np.isfinite(epsilon) or epsilon <= 0:
             raise ValueError(f"epsilon must be a positive finite number, got {epsilon}")
+        if epsilon > MAX_EPSILON:
+            # e^eps overflows float64 near 709, and well before that every
+            # perturbation probability rounds to 0 or 1 (no privacy at all).
+            raise ValueError(f"epsilon {epsilon} is beyond {MAX_EPSILON}: the perturbation would be deterministic")
         self.d = int(d)
         self.epsilon = float(epsilon)
 

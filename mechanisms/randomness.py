@@ -50,7 +50,11 @@ def bernoulli_positions(total: int, prob: float, rng: np.random.Generator) -> np
     pieces = []
     last = -1
     while last < total - 1:
-        pos = last + np.cumsum(rng.geometric(prob, size=chunk), dtype=np.int64)
+        gaps = rng.geometric(prob, size=chunk)
+        # For prob below ~1e-18 a gap can exceed int64 and wrap negative; any
+        # gap past the end means "no further success", so clamp it there.
+        gaps = np.where((gaps <= 0) | (gaps > total), total + 1, gaps)
+        pos = last + np.cumsum(gaps, dtype=np.int64)
         pieces.append(pos)
         last = int(pos[-1])
         chunk = max(16, chunk // 4)

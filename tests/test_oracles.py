@@ -190,6 +190,17 @@ def test_variance_formula_reduces_to_wang_et_al():
     assert GRR(d, eps).variance(n, 0.0) == pytest.approx((e + d - 2) / (n * (e - 1) ** 2), rel=1e-12)
 
 
+# Regression: q = 1/(e^50+1) ~ 2e-22 once made bernoulli_positions' Geometric
+# gaps overflow int64 and perturb index out of bounds.
+def test_unary_encoding_handles_very_large_epsilon():
+    d, n = 10, 2000
+    o = OUE(d, 50.0)
+    offsets, positions = o.perturb(np.arange(n) % d, batch_rng(14, 0))
+    owner = np.repeat(np.arange(n), np.diff(offsets))
+    assert np.all(positions == owner % d)        # only true bits can be set
+    assert abs(len(positions) - n / 2) < 4.5 * math.sqrt(n / 4)
+
+
 # ------------------------------------------------------------ validation --
 @pytest.mark.parametrize("name", list(ORACLES))
 @pytest.mark.parametrize("d, eps", [(1, 1.0), (0, 1.0), (-3, 1.0), (5, 0.0), (5, -1.0),

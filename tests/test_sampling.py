@@ -163,6 +163,16 @@ def test_bernoulli_positions_edge_cases():
     np.testing.assert_array_equal(bernoulli_positions(7, 1.0, rng), np.arange(7))
 
 
+# Regression: for prob below ~1e-18 Geometric(prob) gaps exceed int64 and
+# used to come back negative; positions must stay in [0, total).
+def test_bernoulli_positions_tiny_probability_stays_in_range():
+    """P(any success) <= total * p <= 1e-9 here, so the result must be empty."""
+    rng = batch_rng(5, 2)
+    for p in (1e-15, 1e-19, 4e-22):
+        pos = bernoulli_positions(10 ** 6, p, rng)
+        assert len(pos) == 0, (p, pos[:5])
+
+
 @pytest.mark.parametrize("p", [0.02, 0.3, 0.8])
 def test_bernoulli_positions_is_iid_per_slot(p):
     """R draws over ``total`` slots: each slot's hit count is Binomial(R, p),
