@@ -162,3 +162,28 @@ def test_write_estimates_formats(tmp_path, ext):
     by_key = {r["key"]: r for r in records}
     assert np.allclose([by_key[k]["frequency"] for k in "abcde"], local.frequency)
     assert all(r["n_reports"] == 2_000 for r in records)
+
+
+def test_read_ratings_avro_and_jsonl_agree_with_csv(tmp_path):
+    """The three input formats yield the same users (Avro per rating.avsc)."""
+    import fastavro
+
+    import schemas
+
+    rows = [("u1", "A", 5.0), ("u1", "B", 3.0), ("u2", "A", 1.0), ("u3", "C", 4.0), ("u3", "C", 2.0)]
+    _write_csv(tmp_path / "r.csv", [f"{u},{i},{r}" for u, i, r in rows])
+    (tmp_path / "r.jsonl").write_text("\n".join(json.dumps({"user": u, "item": i, "rating": r}) for u, i, r in rows))
+    with open(tmp_path / "r.avro", "wb") as fh:
+        fastavro.writer(fh, schemas.parsed(schemas.RATING), [{"user": u, "item": i, "rating": r} for u, i, r in rows])
+    seen = {}
+    for ext in ("csv", "jsonl", "avro"):
+        out = tmp_path / f"users-{ext}.json"
+        with beam.Pipeline(runner=FnApiRunner()) as p:
+            read = p | ReadRatings(str(tmp_path / f"r.{ext}"), (1, 5), ["A", "B", "C"], shards=2)
+            (read["users"] | beam.Map(lambda b: (b.batch_id, b.sizes.tolist(), b.keys.tolist(), b.values.tolist()))
+             | beam.combiners.ToList() | beam.Map(lambda xs: json.dumps(sorted(xs)))
+             | beam.io.WriteToText(str(out), num_shards=1, shard_name_template=""))
+        seen[ext] = out.read_text()
+    assert seen["csv"] == seen["jsonl"] == seen["avro"]
+    batches = json.loads(seen["csv"])
+    assert sum(len(sizes) for _, sizes, _, _ in batches) == 2      # u3 rejected: C twice
