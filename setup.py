@@ -19,7 +19,7 @@ setup(
         "google-cloud-storage>=2.10",
     ],
     extras_require={
-        "test": ["pytest>=7"],
+        "test": ["pytest>=7", "gcp-storage-emulator>=2026.7.18"],
         "flink": [],
     },
     entry_points={"console_scripts": ["kvldp = pipelines.cli:main"]},

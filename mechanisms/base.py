@@ -79,7 +79,8 @@ class ReportBatch:
     """A batch of randomised reports.
 
     Each report is a list of ``(position, sign)`` entries:
-    ``positions[offsets[i]:offsets[i+1]]`` with signs in ``{-1, +1}``. PCKV-UE
+    ``positions[offsets[i]:offsets[i+1]]`` with signs in ``{-1, 0, +1}``
+    (0 = a key bit without value, as PrivKV's ``<0, 0>``). PCKV-UE
     sends the non-zero entries of its ternary vector (positions sorted, so
     the list order says nothing about which key was sampled); PCKV-GRR sends
     exactly one entry.
@@ -146,22 +147,26 @@ class Estimates:
 MAX_EPSILON = 30.0
 
 
+def validated_domain(d: int, epsilon: float) -> tuple[int, float]:
+    """``(d, epsilon)`` checked: at least one key, ``0 < epsilon <= MAX_EPSILON``."""
+    if int(d) < 1:
+        raise ValueError(f"the key domain needs at least one key, got d={d}")
+    if not np.isfinite(epsilon) or epsilon <= 0:
+        raise ValueError(f"epsilon must be a positive finite number, got {epsilon}")
+    if epsilon > MAX_EPSILON:
+        # e^eps overflows float64 near 709, and well before that every
+        # perturbation probability rounds to 0 or 1 (no privacy at all).
+        raise ValueError(f"epsilon {epsilon} is beyond {MAX_EPSILON}: the perturbation would be deterministic")
+    return int(d), float(epsilon)
+
+
 class Mechanism(abc.ABC):
     """A key-value LDP mechanism: perturb, accumulate/merge, estimate."""
 
     name: ClassVar[str]
 
     def __init__(self, d: int, epsilon: float):
-        if int(d) < 1:
-            raise ValueError(f"the key domain needs at least one key, got d={d}")
-        if not np.isfinite(epsilon) or epsilon <= 0:
-            raise ValueError(f"epsilon must be a positive finite number, got {epsilon}")
-        if epsilon > MAX_EPSILON:
-            # e^eps overflows float64 near 709, and well before that every
-            # perturbation probability rounds to 0 or 1 (no privacy at all).
-            raise ValueError(f"epsilon {epsilon} is beyond {MAX_EPSILON}: the perturbation would be deterministic")
-        self.d = int(d)
-        self.epsilon = float(epsilon)
+        self.d, self.epsilon = validated_domain(d, epsilon)
 
     # -- client ---------------------------------------------------------
     @abc.abstractmethod

@@ -26,11 +26,12 @@ def fresh_seed() -> int:
     return secrets.randbits(128)
 
 
-def batch_rng(seed: int, batch_id: int, stream: int = STREAM_PERTURB) -> np.random.Generator:
-    """Generator for one batch: a pure function of (seed, stream, batch_id)."""
+def batch_rng(seed: int, batch_id: int, stream: int = STREAM_PERTURB, round_index: int = 0) -> np.random.Generator:
+    """Generator for one batch: a pure function of (seed, stream, batch_id,
+    round); each round of a multi-round protocol draws fresh noise."""
     if seed is None:
         raise ValueError("a run seed is required (draw one with fresh_seed())")
-    ss = np.random.SeedSequence([int(seed) & ((1 << 128) - 1), int(stream), int(batch_id)])
+    ss = np.random.SeedSequence([int(seed) & ((1 << 128) - 1), int(stream), int(batch_id), int(round_index)])
     return np.random.Generator(np.random.PCG64DXSM(ss))
 
 

@@ -3,8 +3,6 @@ local runner on the same data (generate -> perturb -> accumulate -> calibrate)."
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 import time
 
 import numpy as np
@@ -31,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser):
 
 
 def _beam_run(args, beam_args, dataset, mechanism) -> tuple[float, np.ndarray]:
-    out = os.path.join(tempfile.mkdtemp(prefix="kvldp-bench-"), "estimates.jsonl")
+    out = common.scratch_path(beam_args, "estimates.jsonl")
     start = time.perf_counter()
     p = common.make_pipeline(beam_args)
     source = common.user_source(p, args, dataset)

@@ -124,12 +124,26 @@ class UserSource:
     d: int
 
 
+def scratch_path(beam_args: Sequence[str], name: str) -> str:
+    """A fresh path for an intermediate file both the workers and this
+    process can reach: under ``--temp_location`` when given (remote
+    runners), else in a local temporary directory."""
+    import tempfile
+    import uuid
+
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+    temp = PipelineOptions(list(beam_args)).view_as(GoogleCloudOptions).temp_location
+    if temp:
+        return FileSystems.join(temp, f"kvldp-{uuid.uuid4().hex}", name)
+    return os.path.join(tempfile.mkdtemp(prefix="kvldp-"), name)
+
+
 def derive_dictionary(args, beam_args) -> list[str]:
     """Sorted distinct item ids of the ratings files, by a small pre-pass job
     (the mechanism's domain size must be known before the main graph is built)."""
-    import tempfile
-
-    out = os.path.join(tempfile.mkdtemp(prefix="kvldp-dict-"), "keys.txt")
+    out = scratch_path(beam_args, "keys.txt")
     p = make_pipeline(beam_args)
     read = p | "ReadRatings" >> ReadRatings(
         args.dataset, parse_range(args.rating_range), None, args.input_format,

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 import time
 
 from pipelines import common, report
@@ -26,7 +24,7 @@ def run(args, beam_args) -> dict:
     seeds = common.Seeds.from_arg(args.seed)
     dataset = common.built_in_dataset(args, seeds.data)
     dictionary = None if dataset is not None else common.key_dictionary(args, beam_args)
-    output = args.output or os.path.join(tempfile.mkdtemp(prefix="kvldp-"), "estimates.jsonl")
+    output = args.output or common.scratch_path(beam_args, "estimates.jsonl")
     p = common.make_pipeline(beam_args)
     source = common.user_source(p, args, dataset, dictionary)
     mechanism = common.make_mechanism(args, source.d, dataset)

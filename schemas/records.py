@@ -59,7 +59,7 @@ def reports_from_records(records: Iterable[dict], batch_id: int = 0) -> ReportBa
         positions.extend(pos)
         signs.append(sg)
     sign_arr = np.frombuffer(b"".join(signs), dtype=np.int8)
-    if len(sign_arr) and not np.all(np.abs(sign_arr) == 1):
-        raise ValueError("report signs must be +1 or -1")
+    if len(sign_arr) and not np.all(np.abs(sign_arr) <= 1):
+        raise ValueError("report signs must be -1, 0 or +1")
     return ReportBatch(np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]),
                        np.asarray(positions, dtype=np.int32), sign_arr, batch_id)

@@ -1,0 +1,242 @@
+"""PrivKV, PrivKV-A and PrivKVM with virtual iterations (single real round).
+
+Ye, Hu, Meng, Zheng, "PrivKV: Key-Value Data Collection with Local
+Differential Privacy", IEEE S&P 2019 (``shared/papers/ye2019-privkv.txt``),
+and Sun et al. 2019 §III for PrivKV-A; SPEC.md §1.
+
+Client, LPP(S, eps1, eps2) (Alg. 2-3): draw ``j`` uniformly from ``K``;
+a holder of ``<j, v>`` reports ``<1, VPP(v)>`` w.p. ``p1 = e^eps1/(e^eps1+1)``
+else ``<0, 0>``; a non-holder reports ``<0, 0>`` w.p. ``p1`` else
+``<1, VPP(m~)>``, where ``VPP(v) = Disc(v)`` kept w.p. ``p2 = e^eps2/(e^eps2+1)``.
+``m~`` is uniform on ``[-1, 1]`` (PrivKV), the collector's broadcast mean
+(PrivKVM rounds >= 2) or 1 (virtual iterations, PrivKVM+). The report is
+``(j, s)`` with ``s in {+1, -1}`` for ``<1, ±1>`` and ``s = 0`` for ``<0, 0>``;
+privacy ``eps1 + eps2``.
+
+Counts per key: ``M1 = #<1,+1>``, ``M_1 = #<1,-1>``, ``M0 = #<0,0>``, ``M``
+their sum (the users who sampled the key, about ``n/d``).
+
+Standard errors come from the delta method over the per-key multinomial
+(``variance.multinomial_delta_variance``) applied to the raw estimators.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+
+from .base import Estimates, Mechanism, ReportBatch, UserBatch
+from .sampling import discretise, uniform_key_sampling
+from .variance import multinomial_delta_variance
+
+FAKE_UNIFORM = "uniform"
+
+
+def rr_keep(eps: float) -> float:
+    """``e^eps / (e^eps + 1)``: the keep probability of randomised response."""
+    return 1.0 / (1.0 + math.exp(-eps))
+
+
+def lpp_perturb(users: UserBatch, d: int, p1: float, p2: float, fake, rng: np.random.Generator) -> ReportBatch:
+    """LPP over a batch. ``fake``: ``"uniform"`` (a fresh uniform ``m~`` per
+    user) or an array of per-key ``m~`` (the broadcast)."""
+    n = users.n_users
+    j, held, values = uniform_key_sampling(users, d, rng)
+    if isinstance(fake, str):
+        fake_values = rng.uniform(-1.0, 1.0, size=n)
+    else:
+        fake_values = np.asarray(fake, dtype=np.float64)[j]
+    x = discretise(np.where(held, values, fake_values), rng)
+    v_star = np.where(rng.random(n) < p2, x, -x)
+    keep = rng.random(n) < p1
+    key_bit = np.where(held, keep, ~keep)
+    return ReportBatch(np.arange(n + 1), j, np.where(key_bit, v_star, 0).astype(np.int8), users.batch_id)
+
+
+def lpp_accumulate(counts: np.ndarray, reports: ReportBatch, d: int) -> np.ndarray:
+    """Add LPP reports into ``[n, M1[d], M_1[d], M0[d]]``."""
+    pos, s = reports.positions, reports.signs
+    if len(pos) and (pos.min() < 0 or pos.max() >= d):
+        raise ValueError(f"report key index outside [0, {d})")
+    counts[0] += reports.n_reports
+    counts[1:1 + d] += np.bincount(pos[s > 0], minlength=d)
+    counts[1 + d:1 + 2 * d] += np.bincount(pos[s < 0], minlength=d)
+    counts[1 + 2 * d:] += np.bincount(pos[s == 0], minlength=d)
+    return counts
+
+
+def lpp_split(counts: np.ndarray, d: int) -> np.ndarray:
+    """``(3, d)`` float stack ``[M1, M_1, M0]``."""
+    return np.asarray(counts[1:], dtype=np.float64).reshape(3, d)
+
+
+def privkv_frequency(stack: np.ndarray, p1: float) -> np.ndarray:
+    """Alg. 4: ``f = (p1 - 1 + f')/(2 p1 - 1)`` with ``f' = (M1 + M_1)/M``."""
+    M = stack.sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f_prime = np.where(M > 0, (stack[0] + stack[1]) / M, 0.0)
+    return (p1 - 1.0 + f_prime) / (2.0 * p1 - 1.0)
+
+
+def privkv_mean(stack: np.ndarray, p2: float, clip: bool = True) -> np.ndarray:
+    """Alg. 4: ``n* = ((p2-1) N + n')/(2 p2 - 1)``, clipped into ``[0, N]``,
+    ``m = (n1* - n2*)/N`` with ``N = M1 + M_1`` (0 where ``N = 0``)."""
+    n1, n2 = stack[0], stack[1]
+    N = n1 + n2
+    n1s = ((p2 - 1.0) * N + n1) / (2.0 * p2 - 1.0)
+    n2s = ((p2 - 1.0) * N + n2) / (2.0 * p2 - 1.0)
+    if clip:
+        n1s, n2s = np.clip(n1s, 0.0, N), np.clip(n2s, 0.0, N)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(N > 0, (n1s - n2s) / N, 0.0)
+
+
+def privkv_a_counts(stack: np.ndarray, p1: float, p2: float):
+    """Sun et al. 2019 §III: unbiased ``N1*``, ``N_1*`` (holders with
+    discretised +1 / -1 among the ``M`` users who sampled the key)."""
+    M1, M_1 = stack[0], stack[1]
+    M = stack.sum(axis=0)
+    a, b = 2 * p1 - 1, 2 * p2 - 1
+    den = 2 * p1 * a * b
+    N1 = ((p1 * b + a) * M1 + (p1 * b - a) * M_1 - p1 * b * (1 - p1) * M) / den
+    N_1 = ((p1 * b - a) * M1 + (p1 * b + a) * M_1 - p1 * b * (1 - p1) * M) / den
+    return N1, N_1, M
+
+
+class _LPPMechanism(Mechanism):
+    """One LPP round with key budget ``eps1 = key_share eps`` and value budget
+    ``eps2 = eps - eps1``; counts ``[n, M1[d], M_1[d], M0[d]]``."""
+
+    fake = FAKE_UNIFORM
+
+    def __init__(self, d: int, epsilon: float, key_share: float = 0.5):
+        super().__init__(d, epsilon)
+        if not 0.0 < key_share < 1.0:
+            raise ValueError(f"key_share must be in (0, 1), got {key_share}")
+        self.key_share = float(key_share)
+        self.eps1 = self.epsilon * self.key_share
+        self.eps2 = self.epsilon - self.eps1
+        self.p1, self.p2 = rr_keep(self.eps1), rr_keep(self.eps2)
+
+    def config(self) -> Mapping:
+        return {**super().config(), "key_share": self.key_share}
+
+    def perturb(self, users: UserBatch, rng: np.random.Generator) -> ReportBatch:
+        return lpp_perturb(users, self.d, self.p1, self.p2, self.fake, rng)
+
+    @property
+    def counts_size(self) -> int:
+        return 1 + 3 * self.d
+
+    def accumulate(self, counts: np.ndarray, reports: ReportBatch) -> np.ndarray:
+        return lpp_accumulate(counts, reports, self.d)
+
+    def _estimates(self, counts, f_raw_fn, m_raw_fn, f, m) -> Estimates:
+        stack = lpp_split(counts, self.d)
+        f_raw, m_raw = f_raw_fn(stack), m_raw_fn(stack)
+        return Estimates(
+            frequency=f, mean=np.clip(m, -1.0, 1.0), frequency_raw=f_raw, mean_raw=m_raw,
+            frequency_se=np.sqrt(multinomial_delta_variance(f_raw_fn, stack)),
+            mean_se=np.sqrt(multinomial_delta_variance(m_raw_fn, stack)),
+            n_reports=int(counts[0]), mechanism=self.name, epsilon=self.epsilon)
+
+    def output_probabilities(self, pairs) -> np.ndarray:
+        """Exact report distribution over ``(j, s)``, ``s in (-1, 0, +1)``,
+        for a user holding ``pairs`` (privacy audits)."""
+        held = dict(pairs)
+        out = np.zeros((self.d, 3))
+        for j in range(self.d):
+            v = held.get(j)
+            if v is None:
+                # fake value: uniform m~ -> Disc is a fair coin; broadcast m~ -> (1+m~)/2
+                up = 0.5 if isinstance(self.fake, str) else (1 + float(np.asarray(self.fake)[j])) / 2
+                key1 = 1 - self.p1
+            else:
+                up, key1 = (1 + v) / 2, self.p1
+            plus = up * self.p2 + (1 - up) * (1 - self.p2)
+            out[j] = [key1 * (1 - plus), 1 - key1, key1 * plus]
+        return out.ravel() / self.d
+
+
+class PrivKV(_LPPMechanism):
+    """PrivKV (Ye et al. Alg. 2-4): LPP with ``eps1 = eps2 = eps/2`` by default,
+    frequency and mean by Algorithm 4 with counts clipped into ``[0, N]``."""
+
+    name = "privkv"
+
+    def estimate(self, counts: np.ndarray) -> Estimates:
+        stack = lpp_split(counts, self.d)
+        f_fn = lambda s: privkv_frequency(s, self.p1)                    # noqa: E731
+        m_fn = lambda s: privkv_mean(s, self.p2, clip=False)             # noqa: E731
+        return self._estimates(counts, f_fn, m_fn, np.clip(f_fn(stack), 0.0, 1.0),
+                               privkv_mean(stack, self.p2, clip=True))
+
+
+class PrivKVA(_LPPMechanism):
+    """PrivKV-A: PrivKV's reports, Sun et al.'s unbiased count estimators
+    ``N1*``, ``N_1*``: ``f = (N1* + N_1*)/M``, ``m = (N1* - N_1*)/(N1* + N_1*)``;
+    the default output clips the counts into ``[0, M]`` (the raw ratio mean
+    is heavy-tailed when few users hold the key)."""
+
+    name = "privkv-a"
+
+    def _f(self, stack, clip=False):
+        N1, N_1, M = privkv_a_counts(stack, self.p1, self.p2)
+        if clip:
+            N1, N_1 = np.clip(N1, 0, M), np.clip(N_1, 0, M)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(M > 0, (N1 + N_1) / M, 0.0)
+
+    def _m(self, stack, clip=False):
+        N1, N_1, M = privkv_a_counts(stack, self.p1, self.p2)
+        if clip:
+            N1, N_1 = np.clip(N1, 0, M), np.clip(N_1, 0, M)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(N1 + N_1 != 0, (N1 - N_1) / (N1 + N_1), 0.0)
+
+    def estimate(self, counts: np.ndarray) -> Estimates:
+        stack = lpp_split(counts, self.d)
+        return self._estimates(counts, self._f, self._m, np.clip(self._f(stack, clip=True), 0.0, 1.0),
+                               self._m(stack, clip=True))
+
+
+def virtual_iterations(m1: np.ndarray, f: np.ndarray, p: float, m_tilde, c: int) -> np.ndarray:
+    """Alg. 7 / Theorem 6.1: ``theta = (f p - f - p + 1)/(2 f p - f - p + 1)``,
+    ``m^(c) = m~ + (m^(1) - m~)(1 - theta^c)/(1 - theta)`` (``c`` terms of the
+    geometric series, ``= c`` in the limit ``theta -> 1``)."""
+    f = np.asarray(f, dtype=np.float64)
+    theta = (f * p - f - p + 1.0) / (2.0 * f * p - f - p + 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        series = np.where(np.isclose(theta, 1.0), float(c), (1.0 - theta ** c) / (1.0 - theta))
+    return m_tilde + (m1 - m_tilde) * series
+
+
+class PrivKVMVirtual(_LPPMechanism):
+    """PrivKVM with virtual iterations ("1r(c-1)v", Alg. 7): one real LPP
+    round with ``eps1 = eps2 = eps/2`` and ``m~ = 1`` for every key; the
+    collector predicts round ``c``'s mean from round 1's frequency and mean."""
+
+    name = "privkvm-vi"
+
+    def __init__(self, d: int, epsilon: float, rounds: int = 6, key_share: float = 0.5):
+        super().__init__(d, epsilon, key_share)
+        if int(rounds) < 1:
+            raise ValueError(f"rounds (c) must be >= 1, got {rounds}")
+        self.rounds = int(rounds)
+        self.fake = np.ones(self.d)
+
+    def config(self) -> Mapping:
+        return {**super().config(), "rounds": self.rounds}
+
+    def _m(self, stack, clip=False):
+        f = privkv_frequency(stack, self.p1)
+        if clip:
+            f = np.clip(f, 0.0, 1.0)
+        return virtual_iterations(privkv_mean(stack, self.p2, clip=clip), f, self.p1, 1.0, self.rounds)
+
+    def estimate(self, counts: np.ndarray) -> Estimates:
+        stack = lpp_split(counts, self.d)
+        f_fn = lambda s: privkv_frequency(s, self.p1)                    # noqa: E731
+        return self._estimates(counts, f_fn, self._m, np.clip(f_fn(stack), 0.0, 1.0),
+                               self._m(stack, clip=True))

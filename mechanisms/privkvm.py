@@ -1,0 +1,163 @@
+"""PrivKVM (c real rounds, Alg. 5) and PrivKVM+ (adaptive rounds, Alg. 6).
+
+Ye et al. 2019 §V; SPEC.md §1. Every round is an LPP round
+(``privkv.lpp_perturb``) of the *same* users; what links rounds is the
+collector's broadcast of per-key means ``m^(r)``, which users lacking the
+sampled key use as their fake value ``m~`` in round ``r+1``.
+
+* **PrivKVM**, budget PBA: ``eps1 = eps2 = eps/2``; the key budget is all
+  spent in round 1 (later rounds' key bits are fair coins, ``p1 = 1/2``), the
+  value budget is split evenly, ``eps/(2c)`` per round. Round 1 uses a
+  uniform ``m~`` (= PrivKV). Output: ``f^(1)`` and ``m^(c)``. Theorem 5.3:
+  ``E[m^(r)] = theta_r E[m^(r-1)] + (1 - theta_r) m`` with
+  ``theta_r = (f p_r - f - p_r + 1)/(2 f p_r - f - p_r + 1)``.
+* **PrivKVM+**, budget PBAt(t): round ``r`` spends ``1/t`` of the remaining
+  budget, half on keys and half on values (**choice**, SPEC.md). ``m~ = 1``
+  initially; after each round ``F = A0 - mean_k |m^(r)_k - m~_k|``; stop
+  when ``F >= 0`` or after ``max_rounds``. Output: round 1's frequency and the
+  last round's mean; the state records rounds run and budget spent.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from .base import Estimates, ReportBatch, UserBatch, validated_domain
+from .budget import BudgetLedger, Share
+from .privkv import (FAKE_UNIFORM, lpp_accumulate, lpp_perturb, lpp_split, privkv_frequency, privkv_mean,
+                     rr_keep)
+from .protocol import Protocol, ProtocolState, empty_reports
+from .variance import multinomial_delta_variance
+
+
+def expected_mean_recursion(m: np.ndarray, f: np.ndarray, key_p: list[float], m_tilde0) -> np.ndarray:
+    """Theorem 5.3's closed form: ``E[m^(c)]`` after rounds with key keep
+    probabilities ``key_p`` starting from ``E[m~] = m_tilde0``."""
+    out = np.asarray(m_tilde0, dtype=np.float64) * np.ones_like(np.asarray(m, dtype=np.float64))
+    for p in key_p:
+        theta = (f * p - f - p + 1.0) / (2.0 * f * p - f - p + 1.0)
+        out = theta * out + (1.0 - theta) * m
+    return out
+
+
+class _LPPRounds(Protocol):
+    """Shared round mechanics: per-round (p1, p2), LPP reports, Alg. 4 means."""
+
+    def __init__(self, d: int, epsilon: float, max_rounds: int):
+        self.d, self.epsilon = validated_domain(d, epsilon)
+        if int(max_rounds) < 1:
+            raise ValueError(f"the number of rounds must be >= 1, got {max_rounds}")
+        self.max_rounds = int(max_rounds)
+        self.ledger = BudgetLedger.of(self.epsilon, self.shares())
+        self.key_eps = [self.ledger.round_epsilon(r, "key") for r in range(self.max_rounds)]
+        self.value_eps = [self.ledger.round_epsilon(r, "value") for r in range(self.max_rounds)]
+
+    def shares(self) -> list[Share]:
+        raise NotImplementedError
+
+    def p1(self, r: int) -> float:
+        return rr_keep(self.key_eps[r])
+
+    def p2(self, r: int) -> float:
+        return rr_keep(self.value_eps[r])
+
+    def initial_fake(self):
+        raise NotImplementedError
+
+    def fake(self, r: int, state: ProtocolState):
+        return self.initial_fake() if r == 0 else state.broadcast
+
+    def perturb(self, round_index, users: UserBatch, rng, state: ProtocolState) -> ReportBatch:
+        if state.stopped:
+            return empty_reports(users.batch_id)
+        return lpp_perturb(users, self.d, self.p1(round_index), self.p2(round_index),
+                           self.fake(round_index, state), rng)
+
+    def counts_size(self, round_index: int) -> int:
+        return 1 + 3 * self.d
+
+    def accumulate(self, round_index, counts, reports) -> np.ndarray:
+        return lpp_accumulate(counts, reports, self.d)
+
+    def round_estimates(self, r: int, state: ProtocolState, counts: np.ndarray) -> Estimates:
+        """Round 1: frequency and mean by Alg. 4. Later rounds: the mean is
+        this round's; the frequency is carried from round 1."""
+        stack = lpp_split(counts, self.d)
+        p2 = self.p2(r)
+        m_fn = lambda s: privkv_mean(s, p2, clip=False)                 # noqa: E731
+        m = privkv_mean(stack, p2, clip=True)
+        m_raw, m_se = m_fn(stack), np.sqrt(multinomial_delta_variance(m_fn, stack))
+        if r == 0:
+            f_fn = lambda s: privkv_frequency(s, self.p1(0))            # noqa: E731
+            f_raw = f_fn(stack)
+            f, f_se = np.clip(f_raw, 0.0, 1.0), np.sqrt(multinomial_delta_variance(f_fn, stack))
+            n_reports = int(counts[0])
+        else:
+            prev = state.estimates
+            f, f_raw, f_se, n_reports = prev.frequency, prev.frequency_raw, prev.frequency_se, prev.n_reports
+        return Estimates(frequency=f, mean=np.clip(m, -1.0, 1.0), frequency_raw=f_raw, mean_raw=m_raw,
+                         frequency_se=f_se, mean_se=m_se, n_reports=n_reports, mechanism=self.name,
+                         epsilon=self.epsilon)
+
+
+class PrivKVM(_LPPRounds):
+    """PrivKVM with ``c`` real rounds (PBA budget)."""
+
+    name = "privkvm"
+
+    def __init__(self, d: int, epsilon: float, rounds: int = 3):
+        super().__init__(d, epsilon, rounds)
+
+    def shares(self) -> list[Share]:
+        c = self.max_rounds
+        out = [Share(0, "key", self.epsilon / 2)]
+        out += [Share(r, "value", self.epsilon / (2 * c)) for r in range(c)]
+        return out
+
+    def initial_fake(self):
+        return FAKE_UNIFORM
+
+    def advance(self, round_index, state, counts) -> ProtocolState:
+        est = self.round_estimates(round_index, state, counts)
+        return ProtocolState(round_index + 1, est.mean, False,
+                             self.ledger.spent(rounds=range(round_index + 1)), est)
+
+
+class PrivKVMPlus(_LPPRounds):
+    """PrivKVM+ (PBAt budget, data-dependent number of rounds)."""
+
+    name = "privkvm-plus"
+
+    def __init__(self, d: int, epsilon: float, t: float = 2.0, a0: float = 0.2, max_rounds: int = 10):
+        if not t > 1.0:
+            raise ValueError(f"PBAt needs t > 1, got {t}")
+        if not a0 >= 0.0:
+            raise ValueError(f"A0 must be >= 0, got {a0}")
+        self.t, self.a0 = float(t), float(a0)
+        super().__init__(d, epsilon, max_rounds)
+
+    def config(self, round_index=None) -> Mapping:
+        return {**super().config(round_index), "t": self.t, "a0": self.a0}
+
+    def shares(self) -> list[Share]:
+        out, remaining = [], self.epsilon
+        for r in range(self.max_rounds):
+            spend = remaining / self.t
+            out += [Share(r, "key", spend / 2), Share(r, "value", spend / 2)]
+            remaining -= spend
+        return out
+
+    def initial_fake(self):
+        return np.ones(self.d)
+
+    def advance(self, round_index, state, counts) -> ProtocolState:
+        if state.stopped:
+            return state
+        est = self.round_estimates(round_index, state, counts)
+        used = self.initial_fake() if round_index == 0 else state.broadcast
+        F = self.a0 - float(np.mean(np.abs(est.mean - used)))
+        stop = F >= 0.0 or round_index + 1 >= self.max_rounds
+        return ProtocolState(round_index + 1, est.mean, stop,
+                             self.ledger.spent(rounds=range(round_index + 1)), est)
+

@@ -1,0 +1,139 @@
+"""Multi-round protocols: an ordered list of rounds linked by a broadcast.
+
+A protocol's round ``r`` perturbs every user with what the collector
+broadcast after round ``r-1`` (``ProtocolState.broadcast``, e.g. per-key
+means), the collector accumulates the round's reports into counts, and
+``advance`` calibrates them into the next state. The state is plain NumPy
+and Python, so the Beam layer can carry it from stage to stage as a side
+input; a protocol that decides its number of rounds from the data
+(PrivKVM+) sets ``stopped``, after which rounds spend no budget and no user
+reports.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, ClassVar, Mapping
+
+import numpy as np
+
+from .base import Estimates, ReportBatch, UserBatch
+from .budget import BudgetLedger
+from .datasets import DEFAULT_BATCH_SIZE, Dataset, truth_counts
+from .randomness import batch_rng
+
+
+@dataclasses.dataclass(frozen=True)
+class ProtocolState:
+    """What the collector knows after ``rounds_done`` rounds."""
+
+    rounds_done: int
+    broadcast: np.ndarray | None          # per-key values the next round's clients use
+    stopped: bool
+    epsilon_spent: float
+    estimates: Estimates | None
+
+    def __eq__(self, other):   # arrays inside: compare by value (tests, Beam matchers)
+        if not isinstance(other, ProtocolState):
+            return NotImplemented
+        return (self.rounds_done == other.rounds_done and self.stopped == other.stopped
+                and self.epsilon_spent == other.epsilon_spent
+                and _eq(self.broadcast, other.broadcast)
+                and _eq(None if self.estimates is None else self.estimates.frequency,
+                        None if other.estimates is None else other.estimates.frequency))
+
+
+def _eq(a, b) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
+
+
+class Protocol(abc.ABC):
+    """A multi-round key-value protocol over ``max_rounds`` potential rounds."""
+
+    name: ClassVar[str]
+    d: int
+    epsilon: float
+    max_rounds: int
+    ledger: BudgetLedger
+
+    def initial_state(self) -> ProtocolState:
+        return ProtocolState(0, None, False, 0.0, None)
+
+    @abc.abstractmethod
+    def perturb(self, round_index: int, users: UserBatch, rng: np.random.Generator,
+                state: ProtocolState) -> ReportBatch:
+        """Round ``round_index``'s client step given the collector's state."""
+
+    @abc.abstractmethod
+    def counts_size(self, round_index: int) -> int:
+        """Length of round ``round_index``'s count array."""
+
+    def new_counts(self, round_index: int) -> np.ndarray:
+        return np.zeros(self.counts_size(round_index), dtype=np.int64)
+
+    @abc.abstractmethod
+    def accumulate(self, round_index: int, counts: np.ndarray, reports: ReportBatch) -> np.ndarray:
+        """Add reports of round ``round_index`` into ``counts``."""
+
+    def merge(self, round_index: int, counts) -> np.ndarray:
+        out = self.new_counts(round_index)
+        for c in counts:
+            out += c
+        return out
+
+    @abc.abstractmethod
+    def advance(self, round_index: int, state: ProtocolState, counts: np.ndarray) -> ProtocolState:
+        """Calibrate round ``round_index``'s counts into the next state
+        (returns ``state`` unchanged once the protocol has stopped)."""
+
+    def estimates(self, state: ProtocolState) -> Estimates:
+        if state.estimates is None:
+            raise ValueError("the protocol has not completed a round")
+        return state.estimates
+
+    def config(self, round_index: int | None = None) -> Mapping[str, Any]:
+        """Public parameters that pin a round's report distribution."""
+        out = {"mechanism": self.name, "d": self.d, "epsilon": self.epsilon, "max_rounds": self.max_rounds}
+        if round_index is not None:
+            out["round"] = round_index + 1
+        return out
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config().items() if k != "mechanism")
+        return f"{type(self).__name__}({args})"
+
+
+def empty_reports(batch_id: int) -> ReportBatch:
+    return ReportBatch(np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int8), batch_id)
+
+
+@dataclasses.dataclass
+class ProtocolResult:
+    state: ProtocolState
+    estimates: Estimates
+    truth: np.ndarray
+    round_counts: list
+
+
+def run_protocol_local(protocol: Protocol, dataset: Dataset, seed: int,
+                       batch_size: int = DEFAULT_BATCH_SIZE) -> ProtocolResult:
+    """Run every round over ``dataset`` in this process (the same users each
+    round; batch ``b`` of round ``r`` uses ``batch_rng(seed, b, round=r)``)."""
+    if dataset.d != protocol.d:
+        raise ValueError(f"dataset has d={dataset.d} keys but the protocol expects d={protocol.d}")
+    state = protocol.initial_state()
+    truth = np.zeros(1 + 2 * protocol.d)
+    all_counts = []
+    for r in range(protocol.max_rounds):
+        counts = protocol.new_counts(r)
+        if state.stopped:      # no user reports after the stop: skip the work
+            all_counts.append(counts)
+            continue
+        for users in dataset.batches(batch_size):
+            if r == 0:
+                truth += truth_counts(users, protocol.d)
+            rng = batch_rng(seed, users.batch_id, round_index=r)
+            protocol.accumulate(r, counts, protocol.perturb(r, users, rng, state))
+        state = protocol.advance(r, state, counts)
+        all_counts.append(counts)
+    return ProtocolResult(state, protocol.estimates(state), truth, all_counts)
