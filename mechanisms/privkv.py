@@ -54,6 +54,27 @@ def lpp_perturb(users: UserBatch, d: int, p1: float, p2: float, fake, rng: np.ra
     return ReportBatch(np.arange(n + 1), j, np.where(key_bit, v_star, 0).astype(np.int8), users.batch_id)
 
 
+def lpp_output_probabilities(pairs, d: int, p1: float, p2: float, fake) -> np.ndarray:
+    """Exact probability of every LPP report ``(j, s)``, ``s in (-1, 0, +1)``
+    (flattened ``j``-major), for a user holding ``pairs`` ``[(key, v), …]``.
+
+    A uniform fake ``m~`` discretises to a fair coin; a broadcast ``m~_j`` to
+    ``+1`` w.p. ``(1 + m~_j)/2``.
+    """
+    held = dict(pairs)
+    out = np.zeros((d, 3))
+    for j in range(d):
+        v = held.get(j)
+        if v is None:
+            up = 0.5 if isinstance(fake, str) else (1 + float(np.asarray(fake)[j])) / 2
+            key1 = 1 - p1
+        else:
+            up, key1 = (1 + v) / 2, p1
+        plus = up * p2 + (1 - up) * (1 - p2)
+        out[j] = [key1 * (1 - plus), 1 - key1, key1 * plus]
+    return out.ravel() / d
+
+
 def lpp_accumulate(counts: np.ndarray, reports: ReportBatch, d: int) -> np.ndarray:
     """Add LPP reports into ``[n, M1[d], M_1[d], M0[d]]``."""
     pos, s = reports.positions, reports.signs
@@ -142,21 +163,8 @@ class _LPPMechanism(Mechanism):
             n_reports=int(counts[0]), mechanism=self.name, epsilon=self.epsilon)
 
     def output_probabilities(self, pairs) -> np.ndarray:
-        """Exact report distribution over ``(j, s)``, ``s in (-1, 0, +1)``,
-        for a user holding ``pairs`` (privacy audits)."""
-        held = dict(pairs)
-        out = np.zeros((self.d, 3))
-        for j in range(self.d):
-            v = held.get(j)
-            if v is None:
-                # fake value: uniform m~ -> Disc is a fair coin; broadcast m~ -> (1+m~)/2
-                up = 0.5 if isinstance(self.fake, str) else (1 + float(np.asarray(self.fake)[j])) / 2
-                key1 = 1 - self.p1
-            else:
-                up, key1 = (1 + v) / 2, self.p1
-            plus = up * self.p2 + (1 - up) * (1 - self.p2)
-            out[j] = [key1 * (1 - plus), 1 - key1, key1 * plus]
-        return out.ravel() / self.d
+        """Exact report distribution (privacy audits): see :func:`lpp_output_probabilities`."""
+        return lpp_output_probabilities(pairs, self.d, self.p1, self.p2, self.fake)
 
 
 class PrivKV(_LPPMechanism):

@@ -120,7 +120,7 @@ class PrivKVM(_LPPRounds):
 
     def advance(self, round_index, state, counts) -> ProtocolState:
         est = self.round_estimates(round_index, state, counts)
-        return ProtocolState(round_index + 1, est.mean, False,
+        return ProtocolState(round_index + 1, est.mean, round_index + 1 >= self.max_rounds,
                              self.ledger.spent(rounds=range(round_index + 1)), est)
 
 

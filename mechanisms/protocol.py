@@ -113,6 +113,7 @@ class ProtocolResult:
     estimates: Estimates
     truth: np.ndarray
     round_counts: list
+    states: list          # the state after each round (index r = after round r+1)
 
 
 def run_protocol_local(protocol: Protocol, dataset: Dataset, seed: int,
@@ -123,11 +124,12 @@ def run_protocol_local(protocol: Protocol, dataset: Dataset, seed: int,
         raise ValueError(f"dataset has d={dataset.d} keys but the protocol expects d={protocol.d}")
     state = protocol.initial_state()
     truth = np.zeros(1 + 2 * protocol.d)
-    all_counts = []
+    all_counts, states = [], []
     for r in range(protocol.max_rounds):
         counts = protocol.new_counts(r)
         if state.stopped:      # no user reports after the stop: skip the work
             all_counts.append(counts)
+            states.append(state)
             continue
         for users in dataset.batches(batch_size):
             if r == 0:
@@ -136,4 +138,5 @@ def run_protocol_local(protocol: Protocol, dataset: Dataset, seed: int,
             protocol.accumulate(r, counts, protocol.perturb(r, users, rng, state))
         state = protocol.advance(r, state, counts)
         all_counts.append(counts)
-    return ProtocolResult(state, protocol.estimates(state), truth, all_counts)
+        states.append(state)
+    return ProtocolResult(state, protocol.estimates(state), truth, all_counts, states)

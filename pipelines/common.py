@@ -11,7 +11,6 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from mechanisms import registry
-from mechanisms.base import Mechanism
 from mechanisms.datasets import DEFAULT_BATCH_SIZE, Dataset, SyntheticDataset, load_clothing
 from mechanisms.randomness import fresh_seed
 from transforms.io import DEAD_LETTER, ReadRatings
@@ -43,10 +42,16 @@ def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
 def add_mechanism_args(parser: argparse.ArgumentParser):
     parser.add_argument("--mechanism", required=True, choices=registry.names())
     parser.add_argument("--epsilon", type=float, required=True, help="total privacy budget per user")
-    parser.add_argument("--padding", "-l", type=int, default=None,
-                        help="padding length l (default: the dataset's, 1 for single-pair data, 2 for clothing)")
-    parser.add_argument("--clip", choices=("paper", "matlab"), default="paper",
-                        help="clip value counts into [0, N] (Algorithm 4) or [1, N] (authors' MATLAB)")
+    opts = parser.add_argument_group("mechanism options (each mechanism takes the ones that apply)")
+    opts.add_argument("--padding", "-l", type=int, default=None,
+                      help="PCKV padding length l (default: the dataset's, 1 for single-pair data, 2 for clothing)")
+    opts.add_argument("--clip", choices=("paper", "matlab"), default=None,
+                      help="PCKV: clip value counts into [0, N] (Algorithm 4, default) or [1, N] (authors' MATLAB)")
+    opts.add_argument("--rounds", type=int, default=None,
+                      help="PrivKVM: real rounds c (default 3); privkvm-vi: c incl. virtual ones (default 6)")
+    opts.add_argument("--t", type=float, default=None, help="PrivKVM+: PBAt's t (default 2)")
+    opts.add_argument("--a0", type=float, default=None, help="PrivKVM+: cost A0 of one more round (default 0.2)")
+    opts.add_argument("--max-rounds", type=int, default=None, help="PrivKVM+: at most this many rounds (default 10)")
 
 
 def add_dataset_args(parser: argparse.ArgumentParser, default: str | None = "synthetic-uu"):
@@ -199,6 +204,11 @@ def print_row_summary(stats: dict[str, int], out=None):
     print(f"rows read {read} = accepted {acc} + rejected {rej} [{status}]", file=out)
 
 
-def make_mechanism(args, d: int, dataset: Dataset | None = None) -> Mechanism:
-    padding = args.padding or (dataset.default_padding if dataset is not None else 1)
-    return registry.make(args.mechanism, d, args.epsilon, padding=padding, clip=args.clip)
+def make_mechanism(args, d: int, dataset: Dataset | None = None):
+    """The registered mechanism or protocol named by ``--mechanism``, with the
+    options given on the command line (the dataset's padding by default)."""
+    options = {"clip": args.clip, "rounds": args.rounds, "t": args.t, "a0": args.a0,
+               "max_rounds": args.max_rounds, "padding": args.padding}
+    if "padding" in registry.options_of(args.mechanism) and args.padding is None:
+        options["padding"] = dataset.default_padding if dataset is not None else 1
+    return registry.make(args.mechanism, d, args.epsilon, **options)

@@ -14,6 +14,11 @@ import schemas
 from transforms.io import format_of
 
 
+def read_text(path: str) -> str:
+    with FileSystems.open(path) as fh:
+        return fh.read().decode("utf-8")
+
+
 def read_estimates(path: str) -> list[dict]:
     """Estimate records from an Avro, JSON Lines or CSV file."""
     fmt = format_of(path)

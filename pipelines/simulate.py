@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
+import apache_beam as beam
+
+from mechanisms.registry import is_protocol
 from pipelines import common, report
-from pipelines.graphs import simulate_estimates
+from pipelines.graphs import protocol_estimates, simulate_estimates
+from pipelines.report import read_text
 from transforms.io import WriteEstimates, write_dead_letters
 from transforms.perturb import Perturb
 
@@ -28,9 +33,15 @@ def run(args, beam_args) -> dict:
     p = common.make_pipeline(beam_args)
     source = common.user_source(p, args, dataset, dictionary)
     mechanism = common.make_mechanism(args, source.d, dataset)
-    # users: UserBatch -> reports: ReportBatch -> records: one dict per key
-    reports = source.users | "Perturb" >> Perturb(mechanism, seeds.perturb)
-    records = simulate_estimates(source.users, reports, mechanism, source.key_names, args.fanout)
+    summary_path = output + ".protocol.json"
+    if is_protocol(mechanism):
+        # users -> state after round 1 -> … -> final state -> records (+ summary)
+        records, run_summary = protocol_estimates(source.users, mechanism, seeds.perturb, source.key_names)
+        run_summary | "WriteSummary" >> beam.io.WriteToText(summary_path, num_shards=1, shard_name_template="")
+    else:
+        # users: UserBatch -> reports: ReportBatch -> records: one dict per key
+        reports = source.users | "Perturb" >> Perturb(mechanism, seeds.perturb)
+        records = simulate_estimates(source.users, reports, mechanism, source.key_names, args.fanout)
     records | "WriteEstimates" >> WriteEstimates(output)
     if source.dead_letter is not None:
         write_dead_letters(source.dead_letter, output + ".rejected.jsonl")
@@ -42,9 +53,14 @@ def run(args, beam_args) -> dict:
     records = report.read_estimates(output)
     summary = report.mse_summary(records, args.top)
     print(f"{mechanism!r} on {getattr(dataset, 'name', args.dataset)}: "
-          f"{stats.get('users_perturbed', 0)} users in {seconds:.1f} s")
+          f"{stats.get('users_perturbed', 0)} user reports in {seconds:.1f} s")
+    protocol_info = None
+    if is_protocol(mechanism):
+        protocol_info = json.loads(read_text(summary_path))
+        print(f"rounds run: {protocol_info['rounds_run']} of at most {protocol_info['max_rounds']}; "
+              f"epsilon spent per user: {protocol_info['epsilon_spent']:.6g} of {mechanism.epsilon:g}")
     common.print_row_summary(stats)
     report.print_table(records, args.rows)
     print(" ".join(f"{k}={v:.4g}" for k, v in summary.items()))
     print(f"estimates written to {output}")
-    return {"output": output, "seconds": seconds, "stats": stats, **summary}
+    return {"output": output, "seconds": seconds, "stats": stats, "protocol": protocol_info, **summary}

@@ -1,28 +1,80 @@
 """The split deployment: ``kvldp perturb`` (clients or an ingest job) writes
-reports; ``kvldp collect`` (the untrusted collector) reads only reports."""
+reports; ``kvldp collect`` (the untrusted collector) reads only reports.
+
+Multi-round protocols run one ``perturb``/``collect`` pair per round: round
+``r``'s collect writes the estimates and a broadcast file
+(``schemas/broadcast.avsc``) that round ``r+1``'s perturb reads with
+``--broadcast``. With the same seed the rounds reproduce the single-pipeline
+run exactly (batch ``b`` of round ``r`` always draws from ``(seed, b, r)``).
+"""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import apache_beam as beam
+import fastavro
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.pvalue import AsSingleton
 
+import schemas
+from mechanisms.registry import is_protocol
 from pipelines import common, report
-from pipelines.graphs import collect_estimates
-from transforms.io import ReadReports, check_report_files, WriteEstimates, WriteReports, write_dead_letters
+from pipelines.graphs import to_records, collect_estimates
+from schemas.records import broadcast_records, state_from_broadcast
+from transforms.io import ReadReports, WriteEstimates, WriteReports, check_report_files, write_dead_letters
 from transforms.perturb import Perturb
+from transforms.rounds import ProtocolCombineFn, ProtocolPerturbFn, advance_state
 
 
 def report_prefix(output: str) -> str:
     return output[:-len(".avro")] if output.endswith(".avro") else output
 
 
+def add_round_arguments(parser: argparse.ArgumentParser):
+    rounds = parser.add_argument_group("multi-round protocols (privkvm, privkvm-plus)")
+    rounds.add_argument("--round", type=int, default=1, help="1-based round number")
+    rounds.add_argument("--broadcast", default=None,
+                        help="the broadcast file written by the previous round's collect (rounds >= 2)")
+
+
 def add_perturb_arguments(parser: argparse.ArgumentParser):
     common.add_mechanism_args(parser)
     common.add_dataset_args(parser)
+    add_round_arguments(parser)
     parser.add_argument("--input", dest="dataset_input", default=None, help="ratings file/pattern (= --dataset PATH)")
     parser.add_argument("--output", required=True,
                         help="REPORTS.avro: writes REPORTS-NNNNN.avro (one per batch) and REPORTS.keys.txt")
+
+
+def read_broadcast(path: str, key_names, protocol):
+    """The collector's state after the previous round, checked against ``protocol``."""
+    with FileSystems.open(path) as fh:
+        records = list(fastavro.reader(fh))
+    state, config = state_from_broadcast(records, key_names, protocol.name, protocol.epsilon)
+    if config != json.loads(json.dumps(dict(protocol.config()))):
+        raise ValueError(f"{path} was written by {config}, not by {dict(protocol.config())}")
+    return state
+
+
+def protocol_state_for_round(protocol, round_number: int, broadcast: str | None, key_names):
+    """The state round ``round_number`` (1-based) starts from."""
+    if not 1 <= round_number <= protocol.max_rounds:
+        raise ValueError(f"--round must be in 1 … {protocol.max_rounds} for {protocol!r}")
+    if round_number == 1:
+        if broadcast:
+            raise ValueError("round 1 takes no --broadcast")
+        return protocol.initial_state()
+    if not broadcast:
+        raise ValueError(f"round {round_number} needs --broadcast from round {round_number - 1}'s collect")
+    state = read_broadcast(broadcast, key_names, protocol)
+    if state.rounds_done != round_number - 1:
+        raise ValueError(f"{broadcast} is the state after round {state.rounds_done}, not {round_number - 1}")
+    if state.stopped:
+        raise ValueError(f"the protocol stopped after round {state.rounds_done} "
+                         f"(eps spent {state.epsilon_spent:g}); there is no round {round_number}")
+    return state
 
 
 def run_perturb(args, beam_args) -> dict:
@@ -32,12 +84,22 @@ def run_perturb(args, beam_args) -> dict:
     dataset = common.built_in_dataset(args, seeds.data)
     dictionary = None if dataset is not None else common.key_dictionary(args, beam_args)
     prefix = report_prefix(args.output)
+    key_names = dataset.key_names if dataset is not None else dictionary
+    mechanism = common.make_mechanism(args, len(key_names), dataset)
     p = common.make_pipeline(beam_args)
     source = common.user_source(p, args, dataset, dictionary)
-    mechanism = common.make_mechanism(args, source.d, dataset)
-    (source.users
-     | "Perturb" >> Perturb(mechanism, seeds.perturb)
-     | "WriteReports" >> WriteReports(prefix, mechanism))
+    if is_protocol(mechanism):
+        r = args.round - 1
+        state = protocol_state_for_round(mechanism, args.round, args.broadcast, key_names)
+        config = mechanism.config(r)
+        reports = source.users | "Perturb" >> beam.ParDo(
+            ProtocolPerturbFn(mechanism, r, seeds.perturb), AsSingleton(p | "State" >> beam.Create([state])))
+    else:
+        if args.round != 1 or args.broadcast:
+            raise ValueError(f"{args.mechanism} has a single round: no --round/--broadcast")
+        config = mechanism.config()
+        reports = source.users | "Perturb" >> Perturb(mechanism, seeds.perturb)
+    reports | "WriteReports" >> WriteReports(prefix, config)
     (source.key_names | "JoinKeys" >> beam.Map("\n".join)
      | "WriteKeys" >> beam.io.WriteToText(prefix + ".keys.txt", num_shards=1, shard_name_template=""))
     if source.dead_letter is not None:
@@ -46,17 +108,21 @@ def run_perturb(args, beam_args) -> dict:
     result.wait_until_finish()
     stats = common.counters(result)
     common.print_row_summary(stats)
-    print(f"{stats.get('reports_written', 0)} reports of {mechanism!r} written to {prefix}-*.avro; "
+    print(f"{stats.get('reports_written', 0)} reports of {mechanism!r}"
+          f"{f' round {args.round}' if is_protocol(mechanism) else ''} written to {prefix}-*.avro; "
           f"key dictionary {prefix}.keys.txt")
     return {"prefix": prefix, "stats": stats, "mechanism": mechanism}
 
 
 def add_collect_arguments(parser: argparse.ArgumentParser):
     common.add_mechanism_args(parser)
+    add_round_arguments(parser)
     parser.add_argument("--input", required=True, help="report files, e.g. 'REPORTS*.avro'")
     parser.add_argument("--key-dictionary", default=None, help="REPORTS.keys.txt written by perturb")
     parser.add_argument("--keys", type=int, default=None, help="d, when keys are unnamed 0 … d-1")
     parser.add_argument("--output", required=True, help="estimates file (.avro, .jsonl or .csv)")
+    parser.add_argument("--broadcast-out", default=None,
+                        help="multi-round: where to write this round's broadcast (default OUTPUT.broadcast.avro)")
     parser.add_argument("--rows", type=int, default=10)
     parser.add_argument("--fanout", type=int, default=None)
 
@@ -69,11 +135,32 @@ def run_collect(args, beam_args) -> dict:
     else:
         sys.exit("collect needs --key-dictionary (from perturb) or --keys d")
     mechanism = common.make_mechanism(args, len(names))
-    check_report_files(args.input, mechanism)
     p = common.make_pipeline(beam_args)
-    reports = p | "ReadReports" >> ReadReports(args.input, mechanism)
     key_names = p | "KeyNames" >> beam.Create([names])
-    collect_estimates(reports, mechanism, key_names, args.fanout) | "WriteEstimates" >> WriteEstimates(args.output)
+    broadcast_out = None
+    if is_protocol(mechanism):
+        r = args.round - 1
+        previous = protocol_state_for_round(mechanism, args.round, args.broadcast, names)
+        check_report_files(args.input, mechanism.config(r))
+        reports = p | "ReadReports" >> ReadReports(args.input, mechanism.config(r))
+        # reports -> counts of round r -> the state after round r
+        state = (reports
+                 | "Accumulate" >> beam.CombineGlobally(ProtocolCombineFn(mechanism, r))
+                 | "Calibrate" >> beam.Map(advance_state, AsSingleton(p | "Previous" >> beam.Create([previous])),
+                                           mechanism, r))
+        records = (state | "Estimates" >> beam.Map(mechanism.estimates)
+                   | "ToRecords" >> beam.FlatMap(to_records, AsSingleton(key_names)))
+        broadcast_out = args.broadcast_out or args.output + ".broadcast.avro"
+        (state | "Broadcast" >> beam.FlatMap(broadcast_records, dict(mechanism.config()), names)
+         | "WriteBroadcast" >> beam.io.WriteToAvro(broadcast_out, schema=schemas.load(schemas.BROADCAST),
+                                                   num_shards=1, shard_name_template=""))
+    else:
+        if args.round != 1 or args.broadcast:
+            raise ValueError(f"{args.mechanism} has a single round: no --round/--broadcast")
+        check_report_files(args.input, mechanism.config())
+        reports = p | "ReadReports" >> ReadReports(args.input, mechanism.config())
+        records = collect_estimates(reports, mechanism, key_names, args.fanout)
+    records | "WriteEstimates" >> WriteEstimates(args.output)
     result = p.run()
     result.wait_until_finish()
     stats = common.counters(result)
@@ -81,4 +168,10 @@ def run_collect(args, beam_args) -> dict:
     print(f"{stats.get('reports_read', 0)} reports collected by {mechanism!r}")
     report.print_table(records, args.rows)
     print(f"estimates written to {args.output}")
-    return {"output": args.output, "stats": stats}
+    if broadcast_out:
+        with FileSystems.open(broadcast_out) as fh:
+            first = next(iter(fastavro.reader(fh)))
+        status = "the protocol has ended" if first["stopped"] else f"next: --round {args.round + 1}"
+        print(f"broadcast for the next round written to {broadcast_out} "
+              f"(eps spent {first['epsilon_spent']:g}; {status})")
+    return {"output": args.output, "stats": stats, "broadcast": broadcast_out}

@@ -10,11 +10,12 @@ import fastavro
 RATING = "rating"
 REPORT = "report"
 ESTIMATE = "estimate"
+BROADCAST = "broadcast"
 
 
 @functools.lru_cache(maxsize=None)
 def load(name: str) -> dict:
-    """The schema ``name`` (``rating``, ``report``, ``estimate``) as a JSON dict."""
+    """The schema ``name`` (``rating``, ``report``, ``estimate``, ``broadcast``) as a JSON dict."""
     text = resources.files(__name__).joinpath(f"{name}.avsc").read_text(encoding="utf-8")
     return json.loads(text)
 

@@ -1,6 +1,7 @@
 """Conversions between NumPy batches and Avro/JSON records."""
 from __future__ import annotations
 
+import json
 import math
 from typing import Iterable, Sequence
 
@@ -63,3 +64,37 @@ def reports_from_records(records: Iterable[dict], batch_id: int = 0) -> ReportBa
         raise ValueError("report signs must be -1, 0 or +1")
     return ReportBatch(np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]),
                        np.asarray(positions, dtype=np.int32), sign_arr, batch_id)
+
+
+def broadcast_records(state, config: dict, key_names: Sequence[str]) -> list[dict]:
+    """One ``broadcast.avsc`` record per key from a ``ProtocolState``."""
+    est = state.estimates
+    cfg = json.dumps(config, sort_keys=True)
+    out = []
+    for rec, m_next in zip(estimate_records(est, key_names), state.broadcast):
+        out.append({"round": int(state.rounds_done), "key": rec["key"], "next_mean": float(m_next),
+                    "stopped": bool(state.stopped), "epsilon_spent": float(state.epsilon_spent), "config": cfg,
+                    **{k: rec[k] for k in ("frequency", "mean", "frequency_raw", "mean_raw", "frequency_se",
+                                           "mean_se", "n_reports")}})
+    return out
+
+
+def state_from_broadcast(records: Sequence[dict], key_names: Sequence[str], mechanism: str, epsilon: float):
+    """Inverse of :func:`broadcast_records`, keys ordered by ``key_names``."""
+    from mechanisms.protocol import ProtocolState
+
+    by_key = {r["key"]: r for r in records}
+    missing = [k for k in key_names if k not in by_key]
+    if missing or len(by_key) != len(key_names):
+        raise ValueError(f"broadcast does not match the key dictionary (missing {missing[:5]}, "
+                         f"{len(by_key)} keys vs {len(key_names)})")
+    rows = [by_key[k] for k in key_names]
+    col = lambda f: np.array([np.nan if r[f] is None else r[f] for r in rows], dtype=np.float64)  # noqa: E731
+    rounds = {r["round"] for r in rows}
+    if len(rounds) != 1:
+        raise ValueError(f"broadcast mixes rounds {sorted(rounds)}")
+    est = Estimates(frequency=col("frequency"), mean=col("mean"), frequency_raw=col("frequency_raw"),
+                    mean_raw=col("mean_raw"), frequency_se=col("frequency_se"), mean_se=col("mean_se"),
+                    n_reports=int(rows[0]["n_reports"]), mechanism=mechanism, epsilon=epsilon)
+    return ProtocolState(rounds.pop(), col("next_mean"), bool(rows[0]["stopped"]),
+                         float(rows[0]["epsilon_spent"]), est), json.loads(rows[0]["config"])

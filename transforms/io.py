@@ -19,7 +19,7 @@ import io
 import json
 import math
 import zlib
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import apache_beam as beam
 import fastavro
@@ -29,7 +29,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 import schemas
-from mechanisms.base import Mechanism, UserBatch
+from mechanisms.base import UserBatch
 from schemas.records import report_records, reports_from_records
 
 DEAD_LETTER = "dead_letter"
@@ -333,11 +333,12 @@ class _WriteReportFileFn(beam.DoFn):
 
 
 class WriteReports(beam.PTransform):
-    """``ReportBatch``es -> ``{prefix}-{batch_id:05d}.avro`` (one file per batch)."""
+    """``ReportBatch``es -> ``{prefix}-{batch_id:05d}.avro`` (one file per batch);
+    ``config``: the mechanism's public parameters, stored as file metadata."""
 
-    def __init__(self, prefix: str, mechanism: Mechanism, label: str | None = None):
+    def __init__(self, prefix: str, config: Mapping, label: str | None = None):
         super().__init__(label)
-        self._fn = _WriteReportFileFn(prefix, dict(mechanism.config()))
+        self._fn = _WriteReportFileFn(prefix, dict(config))
 
     def expand(self, reports):
         return reports | "WriteReportFiles" >> beam.ParDo(self._fn)
@@ -369,7 +370,7 @@ class _ReadReportFileFn(beam.DoFn):
                 yield reports_from_records(batch)
 
 
-def check_report_files(pattern: str, mechanism: Mechanism) -> int:
+def check_report_files(pattern: str, config: Mapping) -> int:
     """Fail fast, in the driver, when no file matches or the first file's
     reports were made with other parameters; returns the number of files."""
     matched = FileSystems.match([pattern])[0].metadata_list
@@ -377,7 +378,7 @@ def check_report_files(pattern: str, mechanism: Mechanism) -> int:
         raise ValueError(f"no report files match {pattern!r}")
     with FileSystems.open(matched[0].path) as fh:
         raw = fastavro.reader(fh).metadata.get(CONFIG_METADATA_KEY)
-    found, expected = (json.loads(raw) if raw else None), dict(mechanism.config())
+    found, expected = (json.loads(raw) if raw else None), dict(config)
     if found != expected:
         raise ValueError(f"{matched[0].path}: reports were made by {found}, but the collector was configured "
                          f"as {expected}; rerun collect with the perturbing side's parameters")
@@ -385,12 +386,12 @@ def check_report_files(pattern: str, mechanism: Mechanism) -> int:
 
 
 class ReadReports(beam.PTransform):
-    """Avro report files -> ``ReportBatch``es, checked against the mechanism."""
+    """Avro report files -> ``ReportBatch``es, checked against ``config``."""
 
-    def __init__(self, pattern: str, mechanism: Mechanism, batch_rows: int = 50_000, label: str | None = None):
+    def __init__(self, pattern: str, config: Mapping, batch_rows: int = 50_000, label: str | None = None):
         super().__init__(label)
         self._pattern = pattern
-        self._fn = _ReadReportFileFn(dict(mechanism.config()), batch_rows)
+        self._fn = _ReadReportFileFn(dict(config), batch_rows)
 
     def expand(self, pbegin):
         return (pbegin

@@ -55,7 +55,7 @@ class ProtocolCombineFn(beam.CombineFn):
         return counts
 
 
-def _advance(counts, state, protocol: Protocol, round_index: int) -> ProtocolState:
+def advance_state(counts, state, protocol: Protocol, round_index: int) -> ProtocolState:
     return protocol.advance(round_index, state, counts)
 
 
@@ -70,7 +70,7 @@ class RunRound(beam.PTransform):
         p, r, state = self._protocol, self._round, AsSingleton(self._state)
         reports = users | "Perturb" >> beam.ParDo(ProtocolPerturbFn(p, r, self._seed), state)
         counts = reports | "Accumulate" >> beam.CombineGlobally(ProtocolCombineFn(p, r))
-        return counts | "Calibrate" >> beam.Map(_advance, state, p, r)
+        return counts | "Calibrate" >> beam.Map(advance_state, state, p, r)
 
 
 class RunProtocol(beam.PTransform):

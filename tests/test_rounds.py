@@ -1,0 +1,122 @@
+"""Multi-round protocols on Beam: one pipeline of sequential stages linked by
+side inputs, identical to the local runner and to the split deployment."""
+from __future__ import annotations
+
+import json
+
+import apache_beam as beam
+import numpy as np
+import pytest
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.testing.util import BeamAssertException, assert_that
+
+from mechanisms import registry
+from mechanisms.datasets import SyntheticDataset
+from mechanisms.protocol import run_protocol_local
+from pipelines import cli
+from pipelines.report import read_estimates
+from transforms.rounds import RunProtocol
+
+
+def _users(p, data, batch):
+    return p | beam.Create(data.specs(batch)) | beam.Reshuffle() | beam.MapTuple(data.batch)
+
+
+@pytest.mark.parametrize("name, options", [("privkvm", {"rounds": 3}), ("privkvm-plus", {"a0": 0.05, "max_rounds": 4})])
+def test_pipeline_equals_local_runner(name, options):
+    proto = registry.make(name, 12, 3.0, **options)
+    data = SyntheticDataset("uu", n_users=30_000, d=12, seed=2)
+    local = run_protocol_local(proto, data, seed=8, batch_size=7_000)
+
+    def check(states):
+        (s,) = states
+        ok = (s.rounds_done == local.state.rounds_done and s.epsilon_spent == local.state.epsilon_spent
+              and np.array_equal(s.estimates.mean, local.estimates.mean)
+              and np.array_equal(s.estimates.frequency, local.estimates.frequency))
+        if not ok:
+            raise BeamAssertException(f"pipeline state {s} != local {local.state}")
+
+    with beam.Pipeline(runner=FnApiRunner()) as p:
+        assert_that(_users(p, data, 7_000) | RunProtocol(proto, seed=8), check)
+
+
+def test_privkvm_graph_is_three_stages_linked_by_side_inputs():
+    """PrivKVM with c = 3 is one pipeline: Round1..3 each perturb, combine and
+    calibrate, and round r+1's perturbation reads round r's state."""
+    proto = registry.make("privkvm", 5, 2.0, rounds=3)
+    data = SyntheticDataset("uu", n_users=100, d=5, seed=1)
+    p = beam.Pipeline(runner=FnApiRunner())
+    _users(p, data, 50) | RunProtocol(proto, seed=1)
+    api = p.to_runner_api()
+    names = {t.unique_name: t for t in api.components.transforms.values()}
+    producer = {pc: name for name, t in names.items() if not t.subtransforms for pc in t.outputs.values()}
+    for r in (1, 2, 3):
+        for step in ("Perturb", "Accumulate", "Calibrate"):
+            assert any(n.endswith(f"Round{r}/{step}") for n in names), (r, step)
+    for r in (2, 3):
+        perturb = next(t for n, t in names.items() if n.endswith(f"Round{r}/Perturb"))
+        side = [pc for tag, pc in perturb.inputs.items() if "side_input" in tag]
+        assert side, f"Round{r}/Perturb has no side input"
+        # the side input is (a view of) the previous round's calibrated state
+        origins = {producer[pc] for pc in side}
+        assert any(f"Round{r - 1}/Calibrate" in o for o in origins), origins
+
+
+def test_simulate_prints_rounds_and_budget(tmp_path, capsys):
+    out = tmp_path / "est.jsonl"
+    assert cli.main(["simulate", "--mechanism", "privkvm-plus", "--epsilon", "2", "--users", "20000",
+                     "--keys", "10", "--seed", "3", "--a0", "100", "--output", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "rounds run: 1 of at most 10" in text and "epsilon spent per user: 1 of 2" in text
+    summary = json.loads((tmp_path / "est.jsonl.protocol.json").read_text())
+    assert summary["rounds_run"] == 1 and summary["stopped_early"] and summary["epsilon_spent"] == 1.0
+
+
+def test_split_rounds_equal_one_pipeline(tmp_path):
+    """PrivKVM c = 3 as three perturb/collect jobs with broadcast files gives
+    the single pipeline's estimates (same seed: identical)."""
+    common = ["--mechanism", "privkvm", "--epsilon", "2", "--rounds", "3"]
+    data = ["--users", "20000", "--keys", "8", "--seed", "6", "--batch-size", "5000"]
+    sim = tmp_path / "sim.jsonl"
+    assert cli.main(["simulate", *common, *data, "--output", str(sim)]) == 0
+    broadcast = []
+    for r in (1, 2, 3):
+        rep = tmp_path / f"r{r}" / "R.avro"
+        assert cli.main(["perturb", *common, *data, "--round", str(r), *broadcast, "--output", str(rep)]) == 0
+        est = tmp_path / f"est{r}.jsonl"
+        assert cli.main(["collect", *common, "--round", str(r), *broadcast,
+                         "--input", str(tmp_path / f"r{r}" / "R*.avro"),
+                         "--key-dictionary", str(tmp_path / f"r{r}" / "R.keys.txt"), "--output", str(est)]) == 0
+        broadcast = ["--broadcast", str(est) + ".broadcast.avro"]
+    a = {r["key"]: r for r in read_estimates(str(sim))}
+    b = {r["key"]: r for r in read_estimates(str(tmp_path / "est3.jsonl"))}
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k]["mean"] == pytest.approx(b[k]["mean"], abs=1e-12)
+        assert a[k]["frequency"] == pytest.approx(b[k]["frequency"], abs=1e-12)
+
+
+def test_split_rounds_refuse_wrong_order(tmp_path, capsys):
+    common = ["--mechanism", "privkvm", "--epsilon", "2", "--rounds", "2", "--keys", "4"]
+    rep = tmp_path / "R.avro"
+    assert cli.main(["perturb", *common, "--users", "1000", "--seed", "1", "--round", "2",
+                     "--output", str(rep)]) == 2
+    assert "needs --broadcast" in capsys.readouterr().err
+    assert cli.main(["perturb", *common, "--users", "1000", "--seed", "1", "--output", str(rep)]) == 0
+    # round-1 reports cannot be collected as round 2
+    code = cli.main(["collect", "--mechanism", "privkvm", "--epsilon", "2", "--rounds", "2", "--keys", "4",
+                     "--round", "1", "--input", str(tmp_path / "R*.avro"), "--output", str(tmp_path / "e.jsonl")])
+    assert code == 0
+    code = cli.main(["collect", "--mechanism", "privkvm", "--epsilon", "2", "--rounds", "2", "--keys", "4",
+                     "--round", "2", "--broadcast", str(tmp_path / "e.jsonl.broadcast.avro"),
+                     "--input", str(tmp_path / "R*.avro"), "--output", str(tmp_path / "e2.jsonl")])
+    assert code == 2 and "rerun collect" in capsys.readouterr().err
+    # after the last round the protocol has ended
+    assert cli.main(["perturb", *common, "--users", "1000", "--seed", "1", "--round", "3",
+                     "--broadcast", str(tmp_path / "e.jsonl.broadcast.avro"), "--output", str(rep)]) == 2
+
+
+def test_options_are_checked_per_mechanism(capsys):
+    assert cli.main(["simulate", "--mechanism", "pckv-ue", "--epsilon", "1", "--rounds", "3",
+                     "--users", "100"]) == 2
+    assert "does not take rounds" in capsys.readouterr().err
