@@ -78,9 +78,10 @@ class UserBatch:
 class ReportBatch:
     """A batch of randomised reports.
 
-    Each report is a list of ``(position, sign)`` entries:
-    ``positions[offsets[i]:offsets[i+1]]`` with signs in ``{-1, 0, +1}``
-    (0 = a key bit without value, as PrivKV's ``<0, 0>``). PCKV-UE
+    Each report is a list of ``(position, symbol)`` entries:
+    ``positions[offsets[i]:offsets[i+1]]`` with a small ``int8`` symbol per
+    entry in ``signs`` whose meaning is the mechanism's (PCKV: the value's
+    sign; PrivKV/KVUE: state - 1; F2M: ±(1 + key bit); KVOH: a 3-bit mask). PCKV-UE
     sends the non-zero entries of its ternary vector (positions sorted, so
     the list order says nothing about which key was sampled); PCKV-GRR sends
     exactly one entry.
@@ -209,6 +210,12 @@ class Mechanism(abc.ABC):
     def report_domain(self) -> int:
         """Number of distinct positions a report may carry."""
         return self.d
+
+    @property
+    def estimate_keys(self) -> list[int]:
+        """Dictionary indices of the keys ``estimate`` reports on (all of them,
+        unless the mechanism works on a chosen subset, as IOH)."""
+        return list(range(self.d))
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.config().items() if k != "mechanism")

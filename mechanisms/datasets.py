@@ -17,6 +17,14 @@ one pair per user (``l = 1``), ``d`` keys,
 ``multi``: users with ``1 + Poisson(lam)`` distinct keys drawn without
 replacement from a Zipf(s) popularity, values ``m_k + N(0, spread)`` clipped
 to ``[-1, 1]`` -- the multi-pair setting of padding-and-sampling.
+
+``corr``: a latent-class model with correlated keys and values, for
+conditional analysis: each user belongs to one of ``classes`` classes
+(weights ``Dirichlet(2)``); in class ``c`` key ``k`` is held independently
+w.p. ``pi[c, k] ~ Beta(0.7, 2)`` with value ``mu[c, k] + N(0, spread)``
+(``mu ~ U[-1, 1]``), clipped. Holding one key then changes the chances of
+holding another, and the values of both, so conditional answers differ
+from unconditional ones.
 """
 from __future__ import annotations
 
@@ -31,7 +39,7 @@ import numpy as np
 from .base import UserBatch
 from .randomness import STREAM_DATA, STREAM_DATA_SETUP, batch_rng
 
-SYNTHETIC_KINDS = ("uu", "gg", "multi")
+SYNTHETIC_KINDS = ("uu", "gg", "multi", "corr")
 DEFAULT_BATCH_SIZE = 50_000
 
 
@@ -93,6 +101,7 @@ class SyntheticDataset(Dataset):
     lam: float = 1.0
     zipf: float = 1.0
     spread: float = 0.3
+    classes: int = 3
 
     def __post_init__(self):
         if self.kind not in SYNTHETIC_KINDS:
@@ -109,11 +118,17 @@ class SyntheticDataset(Dataset):
         elif self.kind == "uu":
             self.key_probs = np.full(self.d, 1.0 / self.d)
             self.key_means = rng.uniform(-1.0, 1.0, self.d)
-        else:
+        elif self.kind == "multi":
             w = 1.0 / np.arange(1, self.d + 1) ** self.zipf
             self.key_probs = w / w.sum()
             self.key_means = rng.uniform(-1.0, 1.0, self.d)
-        self.default_padding = 1 if self.kind != "multi" else 2
+        else:
+            self.class_weights = rng.dirichlet(np.full(self.classes, 2.0))
+            self.class_hold = rng.beta(0.7, 2.0, size=(self.classes, self.d))
+            self.class_means = rng.uniform(-1.0, 1.0, size=(self.classes, self.d))
+            self.key_probs = self.class_weights @ self.class_hold
+            self.key_means = (self.class_weights[:, None] * self.class_hold * self.class_means).sum(0) / self.key_probs
+        self.default_padding = 1 if self.kind in ("uu", "gg") else 2
 
     def batch(self, batch_id: int, start: int, stop: int) -> UserBatch:
         rng = batch_rng(self.seed, batch_id, STREAM_DATA)
@@ -124,7 +139,17 @@ class SyntheticDataset(Dataset):
         if self.kind == "gg":
             keys = rng.choice(self.d, size=n, p=self.key_probs)
             return UserBatch.single_pair(keys, self.key_means[keys], batch_id)
-        return self._multi(rng, n, batch_id)
+        if self.kind == "multi":
+            return self._multi(rng, n, batch_id)
+        return self._latent_classes(rng, n, batch_id)
+
+    def _latent_classes(self, rng, n, batch_id) -> UserBatch:
+        cls = rng.choice(self.classes, size=n, p=self.class_weights)
+        held = rng.random((n, self.d)) < self.class_hold[cls]
+        owner, keys = np.nonzero(held)                 # row-major: grouped by user, keys sorted
+        values = np.clip(self.class_means[cls[owner], keys] + rng.normal(0.0, self.spread, len(keys)), -1.0, 1.0)
+        sizes = np.bincount(owner, minlength=n)
+        return UserBatch(np.concatenate([[0], np.cumsum(sizes)]), keys, values, batch_id)
 
     def _multi(self, rng, n, batch_id) -> UserBatch:
         sizes = np.minimum(1 + rng.poisson(self.lam, size=n), self.d)
@@ -203,3 +228,24 @@ def load_clothing(path: str | os.PathLike | None = None) -> InMemoryDataset:
     pairs = np.concatenate([np.asarray(e, dtype=np.float64).reshape(-1, 2) for e in entries])
     users = UserBatch(np.concatenate([[0], np.cumsum(sizes)]), pairs[:, 0].astype(np.int64) - 1, pairs[:, 1])
     return InMemoryDataset("clothing", users, [str(k + 1) for k in range(d)], default_padding=2)
+
+
+def load_movielens_100k() -> InMemoryDataset:
+    """MovieLens 100k (943 users, 1,682 movies, 100,000 ratings, 1-5 stars
+    mapped linearly onto ``[-1, 1]``), from the file the ``recbole==1.2.1``
+    wheel ships (GroupLens's terms: research use, acknowledge, do not
+    redistribute). Keys are movie ids in ascending order."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("recbole")
+    path = None if spec is None else Path(spec.submodule_search_locations[0]) / "dataset_example" / "ml-100k" / "ml-100k.inter"
+    if path is None or not path.exists():
+        raise FileNotFoundError("MovieLens-100k is not installed; install it with "
+                                "`pip install --no-deps recbole==1.2.1` (see shared/data/README.md)")
+    table = np.loadtxt(path, delimiter="\t", skiprows=1, usecols=(0, 1, 2))
+    users, items, ratings = table[:, 0].astype(np.int64), table[:, 1].astype(np.int64), table[:, 2]
+    movie_ids, keys = np.unique(items, return_inverse=True)
+    order = np.lexsort((keys, users))
+    sizes = np.bincount(np.unique(users[order], return_inverse=True)[1])
+    batch = UserBatch(np.concatenate([[0], np.cumsum(sizes)]), keys[order], (ratings[order] - 3.0) / 2.0)
+    return InMemoryDataset("movielens-100k", batch, [str(m) for m in movie_ids])

@@ -97,16 +97,13 @@ class _UnaryEncoding(_Oracle):
         # zero-bits: n*(d-1) slots, each set w.p. q; slot j of user i is item
         # j + (j >= item_i), so positions stay sorted within a user.
         slots = bernoulli_positions(n * (self.d - 1), self.q, rng)
-        owner = slots // (self.d - 1)
-        j = slots % (self.d - 1)
+        owner, j = np.divmod(slots, self.d - 1)
         pos = j + (j >= items[owner])
-        flat = owner * self.d + pos
         keep = rng.random(n) < self.p
-        own = (np.arange(n) * self.d + items)[keep]
-        flat = np.insert(flat, np.searchsorted(flat, own), own)
-        owner = flat // self.d
-        offsets = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=n))])
-        return offsets, (flat % self.d)
+        at = np.searchsorted(owner * self.d + pos, (np.arange(n) * self.d + items)[keep])
+        positions = np.insert(pos, at, items[keep])
+        sizes = np.bincount(owner, minlength=n) + keep
+        return np.concatenate([[0], np.cumsum(sizes)]), positions
 
     def support(self, positions: np.ndarray) -> np.ndarray:
         return np.bincount(positions, minlength=self.d)

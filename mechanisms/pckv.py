@@ -124,6 +124,8 @@ class _PCKV(Mechanism):
         pos = reports.positions
         if len(pos) and (pos.min() < 0 or pos.max() >= dp):
             raise ValueError(f"report position outside [0, {dp}): reports do not match {self!r}")
+        if len(reports.signs) and not np.all(np.abs(reports.signs) == 1):
+            raise ValueError(f"PCKV report signs must be +1 or -1: reports do not match {self!r}")
         plus = reports.signs > 0
         counts[0] += reports.n_reports
         counts[1:1 + dp] += np.bincount(pos[plus], minlength=dp)

@@ -28,6 +28,7 @@ import numpy as np
 
 from .base import Estimates, Mechanism, ReportBatch, UserBatch
 from .sampling import discretise, uniform_key_sampling
+from .symbols import accumulate_symbols, symbol_stack
 from .variance import multinomial_delta_variance
 
 FAKE_UNIFORM = "uniform"
@@ -75,21 +76,17 @@ def lpp_output_probabilities(pairs, d: int, p1: float, p2: float, fake) -> np.nd
     return out.ravel() / d
 
 
+LPP_SYMBOLS = (1, -1, 0)      # <1,+1>, <1,-1>, <0,0>
+
+
 def lpp_accumulate(counts: np.ndarray, reports: ReportBatch, d: int) -> np.ndarray:
     """Add LPP reports into ``[n, M1[d], M_1[d], M0[d]]``."""
-    pos, s = reports.positions, reports.signs
-    if len(pos) and (pos.min() < 0 or pos.max() >= d):
-        raise ValueError(f"report key index outside [0, {d})")
-    counts[0] += reports.n_reports
-    counts[1:1 + d] += np.bincount(pos[s > 0], minlength=d)
-    counts[1 + d:1 + 2 * d] += np.bincount(pos[s < 0], minlength=d)
-    counts[1 + 2 * d:] += np.bincount(pos[s == 0], minlength=d)
-    return counts
+    return accumulate_symbols(counts, reports, d, LPP_SYMBOLS)
 
 
 def lpp_split(counts: np.ndarray, d: int) -> np.ndarray:
     """``(3, d)`` float stack ``[M1, M_1, M0]``."""
-    return np.asarray(counts[1:], dtype=np.float64).reshape(3, d)
+    return symbol_stack(counts, d, 3)
 
 
 def privkv_frequency(stack: np.ndarray, p1: float) -> np.ndarray:
@@ -216,7 +213,9 @@ def virtual_iterations(m1: np.ndarray, f: np.ndarray, p: float, m_tilde, c: int)
     f = np.asarray(f, dtype=np.float64)
     theta = (f * p - f - p + 1.0) / (2.0 * f * p - f - p + 1.0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        series = np.where(np.isclose(theta, 1.0), float(c), (1.0 - theta ** c) / (1.0 - theta))
+        # the limit c only where theta is 1 to rounding: the closed form is
+        # accurate until 1 - theta nears machine precision
+        series = np.where(np.abs(1.0 - theta) < 1e-12, float(c), (1.0 - theta ** c) / (1.0 - theta))
     return m_tilde + (m1 - m_tilde) * series
 
 
@@ -229,8 +228,8 @@ class PrivKVMVirtual(_LPPMechanism):
 
     def __init__(self, d: int, epsilon: float, rounds: int = 6, key_share: float = 0.5):
         super().__init__(d, epsilon, key_share)
-        if int(rounds) < 1:
-            raise ValueError(f"rounds (c) must be >= 1, got {rounds}")
+        if int(rounds) != rounds or rounds < 1:
+            raise ValueError(f"rounds (c) must be a whole number >= 1, got {rounds}")
         self.rounds = int(rounds)
         self.fake = np.ones(self.d)
 

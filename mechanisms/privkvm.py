@@ -46,8 +46,8 @@ class _LPPRounds(Protocol):
 
     def __init__(self, d: int, epsilon: float, max_rounds: int):
         self.d, self.epsilon = validated_domain(d, epsilon)
-        if int(max_rounds) < 1:
-            raise ValueError(f"the number of rounds must be >= 1, got {max_rounds}")
+        if int(max_rounds) != max_rounds or max_rounds < 1:
+            raise ValueError(f"the number of rounds must be a whole number >= 1, got {max_rounds}")
         self.max_rounds = int(max_rounds)
         self.ledger = BudgetLedger.of(self.epsilon, self.shares())
         self.key_eps = [self.ledger.round_epsilon(r, "key") for r in range(self.max_rounds)]

@@ -52,12 +52,13 @@ def bernoulli_positions(total: int, prob: float, rng: np.random.Generator) -> np
     last = -1
     while last < total - 1:
         gaps = rng.geometric(prob, size=chunk)
-        # For prob below ~1e-18 a gap can exceed int64 and wrap negative; any
-        # gap past the end means "no further success", so clamp it there.
-        gaps = np.where((gaps <= 0) | (gaps > total), total + 1, gaps)
+        if prob < 1e-12:
+            # Gaps can then exceed int64 (wrapping negative) or overflow the
+            # cumulative sum; any gap past the end means "no more successes".
+            gaps = np.where((gaps <= 0) | (gaps > total), total + 1, gaps)
         pos = last + np.cumsum(gaps, dtype=np.int64)
         pieces.append(pos)
         last = int(pos[-1])
         chunk = max(16, chunk // 4)
-    out = np.concatenate(pieces)
-    return out[out < total]
+    out = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+    return out[:np.searchsorted(out, total)]      # sorted: cut, do not mask

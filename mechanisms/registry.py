@@ -13,6 +13,8 @@ from .pckv import PCKVGRR, PCKVUE
 from .privkv import PrivKV, PrivKVA, PrivKVMVirtual
 from .privkvm import PrivKVM, PrivKVMPlus
 from .protocol import Protocol
+from .ioh import ioh_factory
+from .sun import F2M, KVOH, KVUE
 
 MECHANISMS: dict[str, Callable[..., Mechanism | Protocol]] = {
     PCKVUE.name: PCKVUE,
@@ -22,6 +24,11 @@ MECHANISMS: dict[str, Callable[..., Mechanism | Protocol]] = {
     PrivKVMVirtual.name: PrivKVMVirtual,
     PrivKVM.name: PrivKVM,
     PrivKVMPlus.name: PrivKVMPlus,
+    F2M.name: F2M,
+    KVUE.name: KVUE,
+    KVOH.name: KVOH,
+    "ioh-oue": ioh_factory("oue"),
+    "ioh-sue": ioh_factory("sue"),
 }
 
 

@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from pipelines import bench, simulate, split
+from pipelines import bench, query, simulate, split
 
 COMMANDS = {
     "simulate": (simulate.add_arguments, simulate.run,
@@ -15,6 +15,7 @@ COMMANDS = {
                 "client/ingest side: ratings -> randomised reports (Avro)"),
     "collect": (split.add_collect_arguments, split.run_collect,
                 "collector side: reports -> calibrated estimates"),
+    "query": (query.add_arguments, query.run, "IOH: conditional frequency and mean from a counts file"),
     "bench": (bench.add_arguments, bench.run, "users/second of the Beam pipeline vs the NumPy runner"),
 }
 

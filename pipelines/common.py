@@ -11,11 +11,11 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from mechanisms import registry
-from mechanisms.datasets import DEFAULT_BATCH_SIZE, Dataset, SyntheticDataset, load_clothing
+from mechanisms.datasets import DEFAULT_BATCH_SIZE, Dataset, SyntheticDataset, load_clothing, load_movielens_100k
 from mechanisms.randomness import fresh_seed
 from transforms.io import DEAD_LETTER, ReadRatings
 
-DATASETS = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "clothing")
+DATASETS = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr", "clothing", "movielens-100k")
 
 
 def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
@@ -52,6 +52,10 @@ def add_mechanism_args(parser: argparse.ArgumentParser):
     opts.add_argument("--t", type=float, default=None, help="PrivKVM+: PBAt's t (default 2)")
     opts.add_argument("--a0", type=float, default=None, help="PrivKVM+: cost A0 of one more round (default 0.2)")
     opts.add_argument("--max-rounds", type=int, default=None, help="PrivKVM+: at most this many rounds (default 10)")
+    opts.add_argument("--default-value", type=float, default=None, help="F2M: value of absent keys (default 1)")
+    opts.add_argument("--ioh-keys", default=None, help="IOH: comma-separated keys (most significant first)")
+    opts.add_argument("--ioh-top", type=int, default=None,
+                      help="IOH: use the top-d most frequent keys of the data (default 5; d <= 10)")
 
 
 def add_dataset_args(parser: argparse.ArgumentParser, default: str | None = "synthetic-uu"):
@@ -111,11 +115,13 @@ class Seeds:
 def built_in_dataset(args, data_seed: int) -> Dataset | None:
     """The named dataset, or ``None`` when ``--dataset`` is a file pattern."""
     name = args.dataset
-    if name in ("synthetic-uu", "synthetic-gg", "synthetic-multi"):
+    if name in ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr"):
         return SyntheticDataset(name.split("-", 1)[1], n_users=args.users, d=args.keys,
                                 seed=data_seed)
     if name == "clothing":
         return load_clothing(args.dataset_path)
+    if name == "movielens-100k":
+        return load_movielens_100k()
     return None
 
 
@@ -204,11 +210,75 @@ def print_row_summary(stats: dict[str, int], out=None):
     print(f"rows read {read} = accepted {acc} + rejected {rej} [{status}]", file=out)
 
 
-def make_mechanism(args, d: int, dataset: Dataset | None = None):
+def make_mechanism(args, d: int, dataset: Dataset | None = None, ioh_keys: Sequence[int] | None = None):
     """The registered mechanism or protocol named by ``--mechanism``, with the
     options given on the command line (the dataset's padding by default)."""
     options = {"clip": args.clip, "rounds": args.rounds, "t": args.t, "a0": args.a0,
-               "max_rounds": args.max_rounds, "padding": args.padding}
+               "max_rounds": args.max_rounds, "padding": args.padding,
+               "default_value": getattr(args, "default_value", None), "ioh_keys": ioh_keys}
     if "padding" in registry.options_of(args.mechanism) and args.padding is None:
         options["padding"] = dataset.default_padding if dataset is not None else 1
     return registry.make(args.mechanism, d, args.epsilon, **options)
+
+
+def takes_ioh_keys(args) -> bool:
+    return "ioh_keys" in registry.options_of(args.mechanism)
+
+
+def named_keys(names_text: str, key_names: Sequence[str]) -> list[int]:
+    index = {k: i for i, k in enumerate(key_names)}
+    wanted = [k.strip() for k in names_text.split(",") if k.strip()]
+    unknown = [k for k in wanted if k not in index]
+    if unknown:
+        raise ValueError(f"IOH keys {unknown} are not in the key dictionary")
+    return [index[k] for k in wanted]
+
+
+def key_frequencies(args, beam_args, dataset: Dataset | None, dictionary) -> "np.ndarray":
+    """How many users hold each key (ingest side: it sees raw data)."""
+    import numpy as np
+
+    if dataset is not None:
+        out = np.zeros(dataset.d, dtype=np.int64)
+        for users in dataset.batches(args.batch_size):
+            out += np.bincount(users.keys, minlength=dataset.d)
+        return out
+    path = scratch_path(beam_args, "key_counts.npy")
+    p = make_pipeline(beam_args)
+    users = user_source(p, args, None, dictionary).users
+    (users | "KeyCounts" >> beam.Map(lambda b, d: np.bincount(b.keys, minlength=d), len(dictionary))
+     | "Sum" >> beam.CombineGlobally(sum)
+     | "Save" >> beam.Map(_save_array, path))
+    p.run().wait_until_finish()
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(path) as fh:
+        return np.load(fh)
+
+
+def _save_array(array, path: str):
+    import io
+
+    import numpy as np
+    from apache_beam.io.filesystems import FileSystems
+
+    buf = io.BytesIO()
+    np.save(buf, array)
+    with FileSystems.create(path) as fh:
+        fh.write(buf.getvalue())
+
+
+def resolve_ioh_keys(args, beam_args, key_names, dataset: Dataset | None, dictionary) -> list[int] | None:
+    """IOH's chosen keys: ``--ioh-keys`` by name, else the ``--ioh-top`` most
+    frequent ones; ``None`` for other mechanisms (which reject the flags)."""
+    if not takes_ioh_keys(args):
+        if args.ioh_keys or args.ioh_top:
+            raise ValueError(f"{args.mechanism} does not take --ioh-keys/--ioh-top")
+        return None
+    if args.ioh_keys:
+        return named_keys(args.ioh_keys, key_names)
+    import numpy as np
+
+    top = args.ioh_top or min(5, len(key_names))
+    freq = key_frequencies(args, beam_args, dataset, dictionary)
+    return [int(k) for k in np.argsort(-freq, kind="stable")[:top]]

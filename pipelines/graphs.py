@@ -15,36 +15,58 @@ from transforms.accumulate import Accumulate, ArraySumCombineFn, Calibrate
 from transforms.rounds import RunProtocol
 
 
-def to_records(est: Estimates, key_names: Sequence[str], truth=None):
+def to_records(est: Estimates, key_names: Sequence[str], truth=None, keys: Sequence[int] | None = None):
+    """Estimate records; ``keys`` selects the dictionary entries the estimates
+    are about (all by default; IOH estimates its chosen keys only)."""
+    keys = list(range(len(key_names))) if keys is None else list(keys)
+    names = [key_names[k] for k in keys]
     if truth is None:
-        return estimate_records(est, key_names)
-    f, m = truth_from_counts(truth, est.d)
-    return estimate_records(est, key_names, f, m)
+        return estimate_records(est, names)
+    f, m = truth_from_counts(truth, len(key_names))
+    return estimate_records(est, names, f[keys], m[keys])
+
+
+def estimate_graph(reports, mechanism: Mechanism, key_names, users=None, fanout: int | None = None):
+    """``reports -> (estimate records, counts)``: the collector's whole graph.
+
+    ``key_names``: a PCollection holding one list of item ids. With
+    ``users`` (simulations only) the true values are attached to every record.
+    """
+    counts = reports | "Accumulate" >> Accumulate(mechanism, fanout=fanout)
+    estimates = counts | "Calibrate" >> Calibrate(mechanism)
+    truth = []
+    if users is not None:
+        truth = [AsSingleton(users
+                             | "TruthCounts" >> beam.Map(truth_counts, mechanism.d)
+                             | "SumTruth" >> beam.CombineGlobally(ArraySumCombineFn(1 + 2 * mechanism.d)))]
+    # estimates: one Estimates -> records: one dict per key
+    records = estimates | "ToRecords" >> beam.FlatMap(to_records, AsSingleton(key_names), *truth,
+                                                      keys=mechanism.estimate_keys)
+    return records, counts
 
 
 def collect_estimates(reports, mechanism: Mechanism, key_names, fanout: int | None = None):
-    """``reports -> estimate records`` (the collector's whole graph).
-
-    ``key_names``: a PCollection holding one list of item ids.
-    """
-    estimates = (reports
-                 | "Accumulate" >> Accumulate(mechanism, fanout=fanout)
-                 | "Calibrate" >> Calibrate(mechanism))
-    # estimates: one Estimates -> records: one dict per key
-    return estimates | "ToRecords" >> beam.FlatMap(to_records, AsSingleton(key_names))
+    """``reports -> estimate records``."""
+    return estimate_graph(reports, mechanism, key_names, fanout=fanout)[0]
 
 
-def simulate_estimates(users, reports, mechanism: Mechanism, key_names, fanout: int | None = None):
-    """As :func:`collect_estimates`, with the truth of the simulated users
-    attached to every record (the simulation knows it; a collector never does)."""
-    d = mechanism.d
-    truth = (users
-             | "TruthCounts" >> beam.Map(truth_counts, d)
-             | "SumTruth" >> beam.CombineGlobally(ArraySumCombineFn(1 + 2 * d)))
-    estimates = (reports
-                 | "Accumulate" >> Accumulate(mechanism, fanout=fanout)
-                 | "Calibrate" >> Calibrate(mechanism))
-    return estimates | "ToRecords" >> beam.FlatMap(to_records, AsSingleton(key_names), AsSingleton(truth))
+def ioh_counts_file(counts, users, mechanism, key_names, path: str):
+    """Write an IOH run's bit sums (and, with ``users``, the simulated truth)
+    as ``ioh_counts.avsc`` for ``kvldp query``."""
+    import schemas
+    from mechanisms.query import pattern_truth
+    from schemas.records import ioh_counts_record
+
+    extra = []
+    if users is not None:
+        size = 2 ** mechanism.k * (1 + mechanism.k)
+        extra = [AsSingleton(users
+                             | "PatternTruth" >> beam.Map(pattern_truth, mechanism.ioh_keys, mechanism.d)
+                             | "SumPatterns" >> beam.CombineGlobally(ArraySumCombineFn(size)))]
+    return (counts
+            | "CountsRecord" >> beam.Map(ioh_counts_record, mechanism, AsSingleton(key_names), *extra)
+            | "WriteCounts" >> beam.io.WriteToAvro(path, schema=schemas.load(schemas.IOH_COUNTS),
+                                                   num_shards=1, shard_name_template=""))
 
 
 def protocol_summary(state, protocol) -> str:

@@ -10,7 +10,8 @@ import apache_beam as beam
 
 from mechanisms.registry import is_protocol
 from pipelines import common, report
-from pipelines.graphs import protocol_estimates, simulate_estimates
+from pipelines.graphs import estimate_graph, ioh_counts_file, protocol_estimates
+from pipelines.query import print_queries
 from pipelines.report import read_text
 from transforms.io import WriteEstimates, write_dead_letters
 from transforms.perturb import Perturb
@@ -23,25 +24,33 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--rows", type=int, default=10, help="keys shown in the table")
     parser.add_argument("--top", type=int, default=50, help="the top-k set of the MSE summary")
     parser.add_argument("--fanout", type=int, default=None, help="CombineGlobally fanout")
+    parser.add_argument("--query", action="append", default=[],
+                        help='IOH: "target=KEY given KEY=1,KEY=0" (repeatable); prints estimate and truth')
 
 
 def run(args, beam_args) -> dict:
     seeds = common.Seeds.from_arg(args.seed)
     dataset = common.built_in_dataset(args, seeds.data)
     dictionary = None if dataset is not None else common.key_dictionary(args, beam_args)
+    key_names = dataset.key_names if dataset is not None else dictionary
+    ioh_keys = common.resolve_ioh_keys(args, beam_args, key_names, dataset, dictionary)
+    if args.query and ioh_keys is None:
+        raise ValueError("--query needs an IOH mechanism (ioh-oue, ioh-sue)")
     output = args.output or common.scratch_path(beam_args, "estimates.jsonl")
+    summary_path, counts_path = output + ".protocol.json", output + ".counts.avro"
     p = common.make_pipeline(beam_args)
     source = common.user_source(p, args, dataset, dictionary)
-    mechanism = common.make_mechanism(args, source.d, dataset)
-    summary_path = output + ".protocol.json"
+    mechanism = common.make_mechanism(args, source.d, dataset, ioh_keys)
     if is_protocol(mechanism):
         # users -> state after round 1 -> … -> final state -> records (+ summary)
         records, run_summary = protocol_estimates(source.users, mechanism, seeds.perturb, source.key_names)
         run_summary | "WriteSummary" >> beam.io.WriteToText(summary_path, num_shards=1, shard_name_template="")
     else:
-        # users: UserBatch -> reports: ReportBatch -> records: one dict per key
+        # users: UserBatch -> reports -> counts -> records: one dict per key
         reports = source.users | "Perturb" >> Perturb(mechanism, seeds.perturb)
-        records = simulate_estimates(source.users, reports, mechanism, source.key_names, args.fanout)
+        records, counts = estimate_graph(reports, mechanism, source.key_names, source.users, args.fanout)
+        if ioh_keys is not None:
+            ioh_counts_file(counts, source.users, mechanism, source.key_names, counts_path)
     records | "WriteEstimates" >> WriteEstimates(output)
     if source.dead_letter is not None:
         write_dead_letters(source.dead_letter, output + ".rejected.jsonl")
@@ -63,4 +72,9 @@ def run(args, beam_args) -> dict:
     report.print_table(records, args.rows)
     print(" ".join(f"{k}={v:.4g}" for k, v in summary.items()))
     print(f"estimates written to {output}")
-    return {"output": output, "seconds": seconds, "stats": stats, "protocol": protocol_info, **summary}
+    answers = []
+    if ioh_keys is not None:
+        print(f"IOH cell counts written to {counts_path} (query them with kvldp query --counts)")
+        answers = print_queries(counts_path, args.query)
+    return {"output": output, "seconds": seconds, "stats": stats, "protocol": protocol_info,
+            "queries": answers, **summary}

@@ -21,9 +21,10 @@ from apache_beam.pvalue import AsSingleton
 import schemas
 from mechanisms.registry import is_protocol
 from pipelines import common, report
-from pipelines.graphs import to_records, collect_estimates
+from pipelines.graphs import estimate_graph, ioh_counts_file, to_records
 from schemas.records import broadcast_records, state_from_broadcast
-from transforms.io import ReadReports, WriteEstimates, WriteReports, check_report_files, write_dead_letters
+from transforms.io import (ReadReports, WriteEstimates, WriteReports, check_report_files, report_config,
+                           write_dead_letters)
 from transforms.perturb import Perturb
 from transforms.rounds import ProtocolCombineFn, ProtocolPerturbFn, advance_state
 
@@ -85,7 +86,8 @@ def run_perturb(args, beam_args) -> dict:
     dictionary = None if dataset is not None else common.key_dictionary(args, beam_args)
     prefix = report_prefix(args.output)
     key_names = dataset.key_names if dataset is not None else dictionary
-    mechanism = common.make_mechanism(args, len(key_names), dataset)
+    ioh_keys = common.resolve_ioh_keys(args, beam_args, key_names, dataset, dictionary)
+    mechanism = common.make_mechanism(args, len(key_names), dataset, ioh_keys)
     p = common.make_pipeline(beam_args)
     source = common.user_source(p, args, dataset, dictionary)
     if is_protocol(mechanism):
@@ -123,6 +125,8 @@ def add_collect_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--output", required=True, help="estimates file (.avro, .jsonl or .csv)")
     parser.add_argument("--broadcast-out", default=None,
                         help="multi-round: where to write this round's broadcast (default OUTPUT.broadcast.avro)")
+    parser.add_argument("--counts-out", default=None,
+                        help="IOH: where to write the cell counts for kvldp query (default OUTPUT.counts.avro)")
     parser.add_argument("--rows", type=int, default=10)
     parser.add_argument("--fanout", type=int, default=None)
 
@@ -134,10 +138,15 @@ def run_collect(args, beam_args) -> dict:
         names = [str(k) for k in range(args.keys)]
     else:
         sys.exit("collect needs --key-dictionary (from perturb) or --keys d")
-    mechanism = common.make_mechanism(args, len(names))
+    ioh_keys = None
+    if common.takes_ioh_keys(args):
+        # the chosen keys travel with the reports; --ioh-keys may restate them
+        found = report_config(args.input).get("ioh_keys")
+        ioh_keys = common.named_keys(args.ioh_keys, names) if args.ioh_keys else found
+    mechanism = common.make_mechanism(args, len(names), ioh_keys=ioh_keys)
     p = common.make_pipeline(beam_args)
     key_names = p | "KeyNames" >> beam.Create([names])
-    broadcast_out = None
+    broadcast_out, counts_out = None, None
     if is_protocol(mechanism):
         r = args.round - 1
         previous = protocol_state_for_round(mechanism, args.round, args.broadcast, names)
@@ -159,7 +168,10 @@ def run_collect(args, beam_args) -> dict:
             raise ValueError(f"{args.mechanism} has a single round: no --round/--broadcast")
         check_report_files(args.input, mechanism.config())
         reports = p | "ReadReports" >> ReadReports(args.input, mechanism.config())
-        records = collect_estimates(reports, mechanism, key_names, args.fanout)
+        records, counts = estimate_graph(reports, mechanism, key_names, fanout=args.fanout)
+        if ioh_keys is not None:
+            counts_out = args.counts_out or args.output + ".counts.avro"
+            ioh_counts_file(counts, None, mechanism, key_names, counts_out)
     records | "WriteEstimates" >> WriteEstimates(args.output)
     result = p.run()
     result.wait_until_finish()
@@ -174,4 +186,6 @@ def run_collect(args, beam_args) -> dict:
         status = "the protocol has ended" if first["stopped"] else f"next: --round {args.round + 1}"
         print(f"broadcast for the next round written to {broadcast_out} "
               f"(eps spent {first['epsilon_spent']:g}; {status})")
-    return {"output": args.output, "stats": stats, "broadcast": broadcast_out}
+    if counts_out:
+        print(f"IOH cell counts written to {counts_out} (query them with kvldp query --counts)")
+    return {"output": args.output, "stats": stats, "broadcast": broadcast_out, "counts": counts_out}

@@ -11,6 +11,8 @@ RATING = "rating"
 REPORT = "report"
 ESTIMATE = "estimate"
 BROADCAST = "broadcast"
+IOH_REPORT = "ioh_report"
+IOH_COUNTS = "ioh_counts"
 
 
 @functools.lru_cache(maxsize=None)

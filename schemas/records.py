@@ -7,6 +7,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+import schemas
 from mechanisms.base import Estimates, ReportBatch
 
 
@@ -39,8 +40,20 @@ def estimate_records(est: Estimates, key_names: Sequence[str], true_frequency=No
     return out
 
 
-def report_records(reports: ReportBatch) -> Iterable[dict]:
-    """One ``report.avsc`` record per user."""
+def report_schema(reports) -> str:
+    """The schema name a report batch is written with."""
+    from mechanisms.ioh import PackedReportBatch
+
+    return schemas.IOH_REPORT if isinstance(reports, PackedReportBatch) else schemas.REPORT
+
+
+def report_records(reports) -> Iterable[dict]:
+    """One record per user: ``ioh_report.avsc`` for packed IOH reports,
+    ``report.avsc`` otherwise."""
+    if report_schema(reports) == schemas.IOH_REPORT:
+        for row in reports.bits:
+            yield {"bits": row.tobytes()}
+        return
     offsets = reports.offsets.tolist()
     positions = reports.positions.tolist()
     signs = reports.signs.tobytes()
@@ -49,8 +62,19 @@ def report_records(reports: ReportBatch) -> Iterable[dict]:
         yield {"positions": positions[lo:hi], "signs": signs[lo:hi]}
 
 
+def packed_reports_from_records(records: Sequence[dict], n_cells: int, batch_id: int = 0):
+    """Inverse of :func:`report_records` for IOH: rows of equal width."""
+    from mechanisms.ioh import PackedReportBatch, packed_width
+
+    width = packed_width(n_cells)
+    raw = b"".join(r["bits"] for r in records)
+    if len(raw) != width * len(records):
+        raise ValueError(f"IOH reports must be {width} bytes each ({n_cells} cells)")
+    return PackedReportBatch(np.frombuffer(raw, dtype=np.uint8).reshape(len(records), width), n_cells, batch_id)
+
+
 def reports_from_records(records: Iterable[dict], batch_id: int = 0) -> ReportBatch:
-    """Inverse of :func:`report_records`; validates entry counts and signs."""
+    """Inverse of :func:`report_records` for ``report.avsc``; validates entry counts."""
     sizes, positions, signs = [], [], []
     for r in records:
         pos, sg = r["positions"], r["signs"]
@@ -59,9 +83,8 @@ def reports_from_records(records: Iterable[dict], batch_id: int = 0) -> ReportBa
         sizes.append(len(pos))
         positions.extend(pos)
         signs.append(sg)
+    # symbols are checked by the mechanism's accumulate (their meaning is its own)
     sign_arr = np.frombuffer(b"".join(signs), dtype=np.int8)
-    if len(sign_arr) and not np.all(np.abs(sign_arr) <= 1):
-        raise ValueError("report signs must be -1, 0 or +1")
     return ReportBatch(np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]),
                        np.asarray(positions, dtype=np.int32), sign_arr, batch_id)
 
@@ -98,3 +121,11 @@ def state_from_broadcast(records: Sequence[dict], key_names: Sequence[str], mech
                     n_reports=int(rows[0]["n_reports"]), mechanism=mechanism, epsilon=epsilon)
     return ProtocolState(rounds.pop(), col("next_mean"), bool(rows[0]["stopped"]),
                          float(rows[0]["epsilon_spent"]), est), json.loads(rows[0]["config"])
+
+
+def ioh_counts_record(counts, mechanism, key_names: Sequence[str], truth=None) -> dict:
+    """The ``ioh_counts.avsc`` record of an IOH run."""
+    return {"mechanism": mechanism.name, "epsilon": mechanism.epsilon,
+            "keys": [key_names[k] for k in mechanism.ioh_keys], "n_reports": int(counts[0]),
+            "p": float(mechanism.p), "q": float(mechanism.q), "support": [int(c) for c in counts[1:]],
+            "truth": None if truth is None else [float(t) for t in truth]}

@@ -30,7 +30,7 @@ from apache_beam.metrics import Metrics
 
 import schemas
 from mechanisms.base import UserBatch
-from schemas.records import report_records, reports_from_records
+from schemas.records import packed_reports_from_records, report_records, report_schema, reports_from_records
 
 DEAD_LETTER = "dead_letter"
 CHUNK_ROWS = 50_000
@@ -326,7 +326,7 @@ class _WriteReportFileFn(beam.DoFn):
     def process(self, reports):
         path = f"{self._prefix}-{reports.batch_id:05d}.avro"
         with FileSystems.create(path) as fh:
-            fastavro.writer(fh, schemas.parsed(schemas.REPORT), report_records(reports),
+            fastavro.writer(fh, schemas.parsed(report_schema(reports)), report_records(reports),
                             metadata={CONFIG_METADATA_KEY: self._config}, codec="deflate")
         self._written.inc(reports.n_reports)
         yield path
@@ -358,31 +358,38 @@ class _ReadReportFileFn(beam.DoFn):
                 raise ValueError(
                     f"{readable.metadata.path}: reports were made by {found}, but the collector was "
                     f"configured as {self._config}; rerun collect with the perturbing side's parameters")
+            packed = reader.writer_schema.get("name", "").endswith("IOHReport")
+            decode = ((lambda rows: packed_reports_from_records(rows, 3 ** len(found["ioh_keys"])))
+                      if packed else reports_from_records)
             batch = []
             for record in reader:
                 batch.append(record)
                 if len(batch) >= self._rows:
                     self._read.inc(len(batch))
-                    yield reports_from_records(batch)
+                    yield decode(batch)
                     batch = []
             if batch:
                 self._read.inc(len(batch))
-                yield reports_from_records(batch)
+                yield decode(batch)
 
 
-def check_report_files(pattern: str, config: Mapping) -> int:
-    """Fail fast, in the driver, when no file matches or the first file's
-    reports were made with other parameters; returns the number of files."""
+def report_config(pattern: str) -> dict:
+    """The public parameters stored with the first report file matching ``pattern``."""
     matched = FileSystems.match([pattern])[0].metadata_list
     if not matched:
         raise ValueError(f"no report files match {pattern!r}")
     with FileSystems.open(matched[0].path) as fh:
         raw = fastavro.reader(fh).metadata.get(CONFIG_METADATA_KEY)
-    found, expected = (json.loads(raw) if raw else None), dict(config)
+    return json.loads(raw) if raw else {}
+
+
+def check_report_files(pattern: str, config: Mapping) -> None:
+    """Fail fast, in the driver, when no file matches or the first file's
+    reports were made with other parameters."""
+    found, expected = report_config(pattern), dict(config)
     if found != expected:
-        raise ValueError(f"{matched[0].path}: reports were made by {found}, but the collector was configured "
+        raise ValueError(f"{pattern}: reports were made by {found}, but the collector was configured "
                          f"as {expected}; rerun collect with the perturbing side's parameters")
-    return len(matched)
 
 
 class ReadReports(beam.PTransform):

@@ -1,0 +1,117 @@
+"""``kvldp query``: conditional frequency and mean from an IOH counts file.
+
+A collector-side command: it reads only the bit sums an IOH run produced
+(``ioh_counts.avsc``), calibrates them and answers L-way queries, e.g.
+"of the users who hold A and not B, how many hold C, and how high do they
+rate it?". Simulation counts files also carry the non-private truth, which
+is printed next to the estimate.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+
+import fastavro
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+
+from mechanisms.ioh import calibrate_cells
+from mechanisms.query import CellTable, axis_of, parse_alpha_beta, parse_given, parse_query, true_conditional
+
+
+@dataclasses.dataclass
+class CountsFile:
+    record: dict
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self.record["keys"])
+
+    def table(self) -> CellTable:
+        r = self.record
+        return CellTable.from_vector(*calibrate_cells(r["support"], r["n_reports"], r["p"], r["q"]))
+
+    def truth(self, target: int, given) -> tuple | None:
+        if self.record.get("truth") is None:
+            return None
+        return true_conditional(np.asarray(self.record["truth"]), len(self.keys), target, given)
+
+
+def load_counts(path: str) -> CountsFile:
+    with FileSystems.open(path) as fh:
+        records = list(fastavro.reader(fh))
+    if len(records) != 1:
+        raise ValueError(f"{path} should hold one IOH counts record, found {len(records)}")
+    return CountsFile(records[0])
+
+
+def describe(given, keys) -> str:
+    if not given:
+        return ""
+    return " | " + ", ".join(f"{keys[j]}={'1' if held else '0'}" for j, held in sorted(given.items()))
+
+
+def answer(counts: CountsFile, target: int, given) -> dict:
+    """Estimate (± s.e.), the unconditional value and, in simulations, the truth."""
+    table = counts.table()
+    est, base = table.conditional(target, given), table.conditional(target)
+    out = {"target": counts.keys[target], "given": {counts.keys[j]: held for j, held in given.items()},
+           "frequency": est.frequency, "frequency_se": est.frequency_se, "mean": est.mean, "mean_se": est.mean_se,
+           "frequency_raw": est.frequency_raw, "mean_raw": est.mean_raw,
+           "users_in_condition": est.users_in_condition,
+           "unconditional_frequency": base.frequency, "unconditional_mean": base.mean}
+    truth = counts.truth(target, given)
+    if truth is not None:
+        out.update(true_frequency=truth[0], true_mean=truth[1], true_users_in_condition=truth[2])
+    return out
+
+
+def print_answer(a: dict, keys):
+    given = {axis_of(k, keys): v for k, v in a["given"].items()}
+    label = f"{a['target']}{describe(given, keys)}"
+    print(f"f({label}) = {a['frequency']:.4f} ± {a['frequency_se']:.4f}"
+          f"   (unconditional {a['unconditional_frequency']:.4f})"
+          + (f"   truth {a['true_frequency']:.4f}" if "true_frequency" in a else ""))
+    truth_m = a.get("true_mean")
+    print(f"m({label}) = {a['mean']:+.4f} ± {a['mean_se']:.4f}"
+          f"   (unconditional {a['unconditional_mean']:+.4f})"
+          + (f"   truth {truth_m:+.4f}" if truth_m is not None and not math.isnan(truth_m) else ""))
+    print(f"   users in the condition: ~{a['users_in_condition']:.0f}"
+          + (f" (truth {a['true_users_in_condition']})" if "true_users_in_condition" in a else ""))
+
+
+def print_queries(counts_path: str, queries) -> list[dict]:
+    if not queries:
+        return []
+    counts = load_counts(counts_path)
+    out = []
+    for text in queries:
+        target, given = parse_query(text, counts.keys)
+        out.append(answer(counts, target, given))
+        print_answer(out[-1], counts.keys)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument("--counts", required=True, help="IOH counts file (OUTPUT.counts.avro of simulate/collect)")
+    parser.add_argument("--target", required=True, help="the key asked about")
+    parser.add_argument("--given", default="", help="conditions KEY=1 (holds) / KEY=0 (does not), comma-separated")
+    parser.add_argument("--alpha", default=None, help="(alpha, beta) form: which keys are conditions, e.g. 101")
+    parser.add_argument("--beta", default=None, help="(alpha, beta) form: held (1) or not (0), e.g. 001")
+
+
+def run(args, beam_args) -> dict:
+    counts = load_counts(args.counts)
+    target = axis_of(args.target, counts.keys)
+    if args.alpha is not None or args.beta is not None:
+        if args.given:
+            raise ValueError("use --given or --alpha/--beta, not both")
+        given = parse_alpha_beta(args.alpha or "", args.beta or "")
+    else:
+        given = parse_given(args.given, counts.keys)
+    print(f"{counts.record['mechanism']} eps={counts.record['epsilon']:g}, n={counts.record['n_reports']}, "
+          f"keys {', '.join(counts.keys)}")
+    result = answer(counts, target, given)
+    print_answer(result, counts.keys)
+    return result
