@@ -57,6 +57,14 @@ class UserBatch:
         """Index of the user holding each pair."""
         return np.repeat(np.arange(self.n_users), self.sizes)
 
+    def subset(self, mask: np.ndarray) -> "UserBatch":
+        """The users where ``mask`` is true, in order (same batch id)."""
+        mask = np.asarray(mask, dtype=bool)
+        sizes = self.sizes[mask]
+        pairs = np.repeat(mask, self.sizes)
+        return UserBatch(np.concatenate([[0], np.cumsum(sizes)]), self.keys[pairs], self.values[pairs],
+                         self.batch_id)
+
     @classmethod
     def single_pair(cls, keys, values, batch_id: int = 0) -> "UserBatch":
         """One pair per user."""

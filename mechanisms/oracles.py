@@ -186,3 +186,27 @@ class OLH(_Oracle):
             h = self.hash(np.asarray(a[s:s + chunk])[:, None], np.asarray(b[s:s + chunk])[:, None], items[None, :])
             out += (h == np.asarray(values[s:s + chunk])[:, None]).sum(axis=0)
         return out
+
+
+@dataclasses.dataclass(frozen=True)
+class OLHReportBatch:
+    """OLH reports of a batch: user ``i`` sent its hash ``(a[i], b[i])`` and
+    the perturbed hashed value ``values[i]``."""
+
+    a: np.ndarray
+    b: np.ndarray
+    values: np.ndarray
+    batch_id: int = 0
+
+    def __post_init__(self):
+        for name in ("a", "b", "values"):
+            object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=np.int64))
+        if not len(self.a) == len(self.b) == len(self.values):
+            raise ValueError("a, b and values must have one entry per report")
+
+    @property
+    def n_reports(self) -> int:
+        return len(self.values)
+
+    def equals(self, other) -> bool:
+        return all(np.array_equal(getattr(self, f), getattr(other, f)) for f in ("a", "b", "values"))

@@ -20,7 +20,7 @@ import numpy as np
 from .base import Estimates, ReportBatch, UserBatch
 from .budget import BudgetLedger
 from .datasets import DEFAULT_BATCH_SIZE, Dataset, truth_counts
-from .randomness import batch_rng
+from .randomness import STREAM_GROUP, batch_rng
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,13 +32,17 @@ class ProtocolState:
     stopped: bool
     epsilon_spent: float
     estimates: Estimates | None
+    extra: tuple = ()                     # protocol-level values, as (name, number) pairs
+
+    def get(self, name: str, default=None):
+        return dict(self.extra).get(name, default)
 
     def __eq__(self, other):   # arrays inside: compare by value (tests, Beam matchers)
         if not isinstance(other, ProtocolState):
             return NotImplemented
         return (self.rounds_done == other.rounds_done and self.stopped == other.stopped
                 and self.epsilon_spent == other.epsilon_spent
-                and _eq(self.broadcast, other.broadcast)
+                and _eq(self.broadcast, other.broadcast) and self.extra == other.extra
                 and _eq(None if self.estimates is None else self.estimates.frequency,
                         None if other.estimates is None else other.estimates.frequency))
 
@@ -56,8 +60,20 @@ class Protocol(abc.ABC):
     max_rounds: int
     ledger: BudgetLedger
 
+    # Disjoint user groups (shares summing to 1) and the group of each round;
+    # None: every user takes part in every round.
+    group_shares: tuple[float, ...] | None = None
+    round_groups: tuple[int, ...] = ()
+
     def initial_state(self) -> ProtocolState:
         return ProtocolState(0, None, False, 0.0, None)
+
+    def participants(self, round_index: int, users: UserBatch, seed: int) -> UserBatch:
+        """The users of ``users`` who take part in round ``round_index``."""
+        if self.group_shares is None:
+            return users
+        groups = assign_groups(seed, users.batch_id, users.n_users, self.group_shares)
+        return users.subset(groups == self.round_groups[round_index])
 
     @abc.abstractmethod
     def perturb(self, round_index: int, users: UserBatch, rng: np.random.Generator,
@@ -103,6 +119,14 @@ class Protocol(abc.ABC):
         return f"{type(self).__name__}({args})"
 
 
+def assign_groups(seed: int, batch_id: int, n_users: int, shares) -> np.ndarray:
+    """Stable, seeded group of every user of a batch: a pure function of
+    (seed, batch, position), so the groups are disjoint, cover everyone, and
+    every round (and a retried bundle) sees the same assignment."""
+    u = batch_rng(seed, batch_id, STREAM_GROUP).random(n_users)
+    return np.searchsorted(np.cumsum(shares)[:-1], u, side="right").astype(np.int8)
+
+
 def empty_reports(batch_id: int) -> ReportBatch:
     return ReportBatch(np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int8), batch_id)
 
@@ -135,7 +159,8 @@ def run_protocol_local(protocol: Protocol, dataset: Dataset, seed: int,
             if r == 0:
                 truth += truth_counts(users, protocol.d)
             rng = batch_rng(seed, users.batch_id, round_index=r)
-            protocol.accumulate(r, counts, protocol.perturb(r, users, rng, state))
+            mine = protocol.participants(r, users, seed)
+            protocol.accumulate(r, counts, protocol.perturb(r, mine, rng, state))
         state = protocol.advance(r, state, counts)
         all_counts.append(counts)
         states.append(state)

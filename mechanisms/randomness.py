@@ -19,6 +19,7 @@ import numpy as np
 STREAM_PERTURB = 0x5045
 STREAM_DATA = 0x4441
 STREAM_DATA_SETUP = 0x4453
+STREAM_GROUP = 0x4752
 
 
 def fresh_seed() -> int:

@@ -14,6 +14,7 @@ from .privkv import PrivKV, PrivKVA, PrivKVMVirtual
 from .privkvm import PrivKVM, PrivKVMPlus
 from .protocol import Protocol
 from .ioh import ioh_factory
+from .kskv import KSGRR, KSUE, KSAdap
 from .sun import F2M, KVOH, KVUE
 
 MECHANISMS: dict[str, Callable[..., Mechanism | Protocol]] = {
@@ -29,6 +30,9 @@ MECHANISMS: dict[str, Callable[..., Mechanism | Protocol]] = {
     KVOH.name: KVOH,
     "ioh-oue": ioh_factory("oue"),
     "ioh-sue": ioh_factory("sue"),
+    KSUE.name: KSUE,
+    KSGRR.name: KSGRR,
+    KSAdap.name: KSAdap,
 }
 
 

@@ -54,6 +54,13 @@ def add_mechanism_args(parser: argparse.ArgumentParser):
     opts.add_argument("--max-rounds", type=int, default=None, help="PrivKVM+: at most this many rounds (default 10)")
     opts.add_argument("--default-value", type=float, default=None, help="F2M: value of absent keys (default 1)")
     opts.add_argument("--ioh-keys", default=None, help="IOH: comma-separated keys (most significant first)")
+    opts.add_argument("--top", type=int, default=None,
+                      help="KS-GRR/KS-Adap: t, the candidates are the top 2t keys (default 20); also the "
+                           "top-t set of the accuracy summary (default 50)")
+    opts.add_argument("--group-split", type=float, default=None, help="KS-GRR: share of users in group 1 (0.5)")
+    opts.add_argument("--group-shares", default=None, help="KS-Adap: three group shares (default 0.4,0.1,0.5)")
+    opts.add_argument("--coverage", type=float, default=None,
+                      help="KS-Adap: the chosen l covers this share of candidate holders (0.9)")
     opts.add_argument("--ioh-top", type=int, default=None,
                       help="IOH: use the top-d most frequent keys of the data (default 5; d <= 10)")
 
@@ -215,7 +222,10 @@ def make_mechanism(args, d: int, dataset: Dataset | None = None, ioh_keys: Seque
     options given on the command line (the dataset's padding by default)."""
     options = {"clip": args.clip, "rounds": args.rounds, "t": args.t, "a0": args.a0,
                "max_rounds": args.max_rounds, "padding": args.padding,
-               "default_value": getattr(args, "default_value", None), "ioh_keys": ioh_keys}
+               "default_value": getattr(args, "default_value", None), "ioh_keys": ioh_keys,
+               "top": args.top, "group_split": args.group_split, "coverage": args.coverage,
+               "group_shares": None if args.group_shares is None else
+               tuple(float(x) for x in args.group_shares.split(","))}
     if "padding" in registry.options_of(args.mechanism) and args.padding is None:
         options["padding"] = dataset.default_padding if dataset is not None else 1
     return registry.make(args.mechanism, d, args.epsilon, **options)

@@ -11,6 +11,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 import schemas
+from mechanisms import metrics
 from transforms.io import format_of
 
 
@@ -39,16 +40,19 @@ def _arr(records, field):
 
 def mse_summary(records: list[dict], top: int = 50) -> dict[str, float]:
     """MSE of frequency and mean over all keys and over the ``top`` most
-    frequent (true frequency) keys. Means count only keys someone holds."""
+    frequent (true frequency) keys (means: keys someone holds), the NCR of
+    the estimated top set and the MSEs over the true-and-estimated top set
+    (KSKV's metrics)."""
     f, tf = _arr(records, "frequency"), _arr(records, "true_frequency")
     m, tm = _arr(records, "mean"), _arr(records, "true_mean")
-    top_idx = np.argsort(-tf, kind="stable")[:top]
-    out = {}
-    for label, idx in (("all", np.arange(len(records))), (f"top{top}", top_idx)):
-        held = idx[np.isfinite(tm[idx])]
-        out[f"mse_frequency_{label}"] = float(np.mean((f[idx] - tf[idx]) ** 2))
-        out[f"mse_mean_{label}"] = float(np.mean((m[held] - tm[held]) ** 2)) if len(held) else float("nan")
-    return out
+    top_idx = metrics.top_keys(tf, top)
+    inter = metrics.top_t_intersection(tf, f, top)
+    return {
+        "mse_frequency_all": metrics.mse(f, tf), "mse_mean_all": metrics.mse(m, tm),
+        f"mse_frequency_top{top}": metrics.mse(f, tf, top_idx), f"mse_mean_top{top}": metrics.mse(m, tm, top_idx),
+        f"ncr_top{top}": metrics.ncr(tf, f, top),
+        f"mse_frequency_found{top}": metrics.mse(f, tf, inter), f"mse_mean_found{top}": metrics.mse(m, tm, inter),
+    }
 
 
 def print_table(records: list[dict], rows: int = 10, out=None):

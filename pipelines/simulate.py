@@ -22,7 +22,6 @@ def add_arguments(parser: argparse.ArgumentParser):
     common.add_dataset_args(parser)
     parser.add_argument("--output", default=None, help="estimates file (.avro, .jsonl or .csv)")
     parser.add_argument("--rows", type=int, default=10, help="keys shown in the table")
-    parser.add_argument("--top", type=int, default=50, help="the top-k set of the MSE summary")
     parser.add_argument("--fanout", type=int, default=None, help="CombineGlobally fanout")
     parser.add_argument("--query", action="append", default=[],
                         help='IOH: "target=KEY given KEY=1,KEY=0" (repeatable); prints estimate and truth')
@@ -60,7 +59,7 @@ def run(args, beam_args) -> dict:
     seconds = time.perf_counter() - start
     stats = common.counters(result)
     records = report.read_estimates(output)
-    summary = report.mse_summary(records, args.top)
+    summary = report.mse_summary(records, args.top or 50)
     print(f"{mechanism!r} on {getattr(dataset, 'name', args.dataset)}: "
           f"{stats.get('users_perturbed', 0)} user reports in {seconds:.1f} s")
     protocol_info = None

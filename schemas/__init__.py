@@ -13,6 +13,7 @@ ESTIMATE = "estimate"
 BROADCAST = "broadcast"
 IOH_REPORT = "ioh_report"
 IOH_COUNTS = "ioh_counts"
+OLH_REPORT = "olh_report"
 
 
 @functools.lru_cache(maxsize=None)

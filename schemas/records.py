@@ -43,16 +43,26 @@ def estimate_records(est: Estimates, key_names: Sequence[str], true_frequency=No
 def report_schema(reports) -> str:
     """The schema name a report batch is written with."""
     from mechanisms.ioh import PackedReportBatch
+    from mechanisms.oracles import OLHReportBatch
 
-    return schemas.IOH_REPORT if isinstance(reports, PackedReportBatch) else schemas.REPORT
+    if isinstance(reports, PackedReportBatch):
+        return schemas.IOH_REPORT
+    if isinstance(reports, OLHReportBatch):
+        return schemas.OLH_REPORT
+    return schemas.REPORT
 
 
 def report_records(reports) -> Iterable[dict]:
     """One record per user: ``ioh_report.avsc`` for packed IOH reports,
     ``report.avsc`` otherwise."""
-    if report_schema(reports) == schemas.IOH_REPORT:
+    kind = report_schema(reports)
+    if kind == schemas.IOH_REPORT:
         for row in reports.bits:
             yield {"bits": row.tobytes()}
+        return
+    if kind == schemas.OLH_REPORT:
+        for a, b, y in zip(reports.a.tolist(), reports.b.tolist(), reports.values.tolist()):
+            yield {"a": a, "b": b, "y": y}
         return
     offsets = reports.offsets.tolist()
     positions = reports.positions.tolist()
@@ -71,6 +81,13 @@ def packed_reports_from_records(records: Sequence[dict], n_cells: int, batch_id:
     if len(raw) != width * len(records):
         raise ValueError(f"IOH reports must be {width} bytes each ({n_cells} cells)")
     return PackedReportBatch(np.frombuffer(raw, dtype=np.uint8).reshape(len(records), width), n_cells, batch_id)
+
+
+def olh_reports_from_records(records: Sequence[dict], batch_id: int = 0):
+    from mechanisms.oracles import OLHReportBatch
+
+    return OLHReportBatch([r["a"] for r in records], [r["b"] for r in records], [r["y"] for r in records],
+                          batch_id)
 
 
 def reports_from_records(records: Iterable[dict], batch_id: int = 0) -> ReportBatch:
@@ -97,6 +114,7 @@ def broadcast_records(state, config: dict, key_names: Sequence[str]) -> list[dic
     for rec, m_next in zip(estimate_records(est, key_names), state.broadcast):
         out.append({"round": int(state.rounds_done), "key": rec["key"], "next_mean": float(m_next),
                     "stopped": bool(state.stopped), "epsilon_spent": float(state.epsilon_spent), "config": cfg,
+                "extra": json.dumps(dict(state.extra)),
                     **{k: rec[k] for k in ("frequency", "mean", "frequency_raw", "mean_raw", "frequency_se",
                                            "mean_se", "n_reports")}})
     return out
@@ -119,8 +137,9 @@ def state_from_broadcast(records: Sequence[dict], key_names: Sequence[str], mech
     est = Estimates(frequency=col("frequency"), mean=col("mean"), frequency_raw=col("frequency_raw"),
                     mean_raw=col("mean_raw"), frequency_se=col("frequency_se"), mean_se=col("mean_se"),
                     n_reports=int(rows[0]["n_reports"]), mechanism=mechanism, epsilon=epsilon)
+    extra = tuple(sorted(json.loads(rows[0].get("extra") or "{}").items()))
     return ProtocolState(rounds.pop(), col("next_mean"), bool(rows[0]["stopped"]),
-                         float(rows[0]["epsilon_spent"]), est), json.loads(rows[0]["config"])
+                         float(rows[0]["epsilon_spent"]), est, extra), json.loads(rows[0]["config"])
 
 
 def ioh_counts_record(counts, mechanism, key_names: Sequence[str], truth=None) -> dict:

@@ -30,7 +30,8 @@ from apache_beam.metrics import Metrics
 
 import schemas
 from mechanisms.base import UserBatch
-from schemas.records import packed_reports_from_records, report_records, report_schema, reports_from_records
+from schemas.records import (olh_reports_from_records, packed_reports_from_records, report_records, report_schema,
+                             reports_from_records)
 
 DEAD_LETTER = "dead_letter"
 CHUNK_ROWS = 50_000
@@ -358,9 +359,13 @@ class _ReadReportFileFn(beam.DoFn):
                 raise ValueError(
                     f"{readable.metadata.path}: reports were made by {found}, but the collector was "
                     f"configured as {self._config}; rerun collect with the perturbing side's parameters")
-            packed = reader.writer_schema.get("name", "").endswith("IOHReport")
-            decode = ((lambda rows: packed_reports_from_records(rows, 3 ** len(found["ioh_keys"])))
-                      if packed else reports_from_records)
+            kind = reader.writer_schema.get("name", "")
+            if kind.endswith("IOHReport"):
+                decode = lambda rows: packed_reports_from_records(rows, 3 ** len(found["ioh_keys"]))  # noqa: E731
+            elif kind.endswith("OLHReport"):
+                decode = olh_reports_from_records
+            else:
+                decode = reports_from_records
             batch = []
             for record in reader:
                 batch.append(record)

@@ -30,6 +30,7 @@ class ProtocolPerturbFn(beam.DoFn):
         if state.stopped:
             return
         rng = batch_rng(self._seed, users.batch_id, round_index=self._round)
+        users = self._protocol.participants(self._round, users, self._seed)
         reports = self._protocol.perturb(self._round, users, rng, state)
         self._users.inc(users.n_users)
         self._reports.inc(reports.n_reports)

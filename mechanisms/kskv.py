@@ -1,0 +1,360 @@
+"""KSKV: KS-UE, KS-GRR and KS-Adap (Zhao et al. 2024, ``shared/papers/zhao2024-kskv.txt``;
+SPEC.md §4).
+
+* **KS-UE** (§4.1, Alg. 1): the PCKV-UE report structure with the budget
+  tilted to the key: at the sampled key ``x`` kept w.p. ``p``, negated w.p.
+  ``1-2p``, 0 w.p. ``p``; every other key ``±1`` w.p. ``a/2`` each, with
+  ``p = (e^eps+1)/(2(e^eps+2))``, ``a = 2/(e^eps+2)``. In PCKV-UE's terms
+  (nonzero-at-key ``A``, elsewhere ``B``, keep ``P``): ``A = 1-p``, ``B = a``,
+  ``P = p/(1-p)``, so the same sparse sampler serves both. Estimates
+  (formulas (5)-(6), padded): ``f = l((n+ + n-)/n - a)/(1-p-a)``,
+  ``m = l(n+ - n-)/((3p-1) f n)``. Theorem 4.2's Eq. (9) is the exact
+  frequency variance (``l = 1``); its Eq. (11) for the mean is not an upper
+  bound (**erratum**, SPEC.md), so the mean's standard error is the delta
+  method over the per-key multinomial of (+, -, 0) entries.
+* **KS-GRR** (§4.2, Alg. 2, interactive): two disjoint user groups. Group 1
+  reports one key by OLH; the collector's top ``2t`` keys are the candidate
+  set ``TKS``. Group 2 keeps its pair if its key is in ``TKS``, else reports
+  ``<⊥, ±1>`` (fair coin), and perturbs the pair by GRR over the ``2|K'|``
+  pairs of ``K' = TKS ∪ {⊥}`` (formula (7)): itself w.p.
+  ``p = e^eps/(e^eps + 2|K'| - 1)``, each other pair w.p. ``q``. Estimates:
+  ``f = ((n+ + n-)/n - 2q)/(p - q)``, ``m = (n+ - n-)/((p - q) f n)``
+  (**erratum**: the paper's ``p + q`` is biased).
+* **KS-Adap** (§4.3, multi-pair): three groups (40/10/50 %): OLH top-``2t``
+  candidates; OLH-reported sizes ``|S ∩ TKS|`` (clipped at 16) from which the
+  collector picks the smallest ``l`` whose estimated cumulative share exceeds
+  90 % (the histogram made a distribution by Norm-Sub); group 3 keeps its
+  candidate pairs, pads and samples with ``l`` dummies and perturbs by GRR
+  over ``TKS ∪ {l dummies}`` (**choice**, SPEC.md), frequencies scaled by ``l``.
+
+Keys outside ``TKS`` are not estimated by the interactive protocols: KS-GRR
+reports group 1's OLH frequency for them (unbiased for single-pair users),
+KS-Adap reports 0 with an infinite standard error; their means are 0 with an
+infinite standard error.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+
+from .base import Estimates, ReportBatch, UserBatch, validated_domain
+from .budget import BudgetLedger, Share
+from .oracles import OLH, OLHReportBatch
+from .pckv import CLIP_PAPER, PCKVUE, PCKVParams
+from .protocol import Protocol, ProtocolState
+from .sampling import discretise, padding_and_sampling
+from .symbols import accumulate_symbols
+from .variance import multinomial_delta_variance
+
+
+MAX_ADAPTIVE_PADDING = 16
+
+
+class KSUE(PCKVUE):
+    """KS-UE: key-strategy unary encoding (non-interactive)."""
+
+    name = "ks-ue"
+
+    def __init__(self, d: int, epsilon: float, padding: int = 1):
+        super().__init__(d, epsilon, padding, CLIP_PAPER)
+
+    @staticmethod
+    def optimal_params(d: int, epsilon: float, l: int) -> PCKVParams:
+        e = math.exp(epsilon)
+        p, a = (e + 1) / (2 * (e + 2)), 2 / (e + 2)
+        return PCKVParams(a=1 - p, b=a, p=p / (1 - p), d=d, l=l)
+
+    def config(self) -> Mapping:
+        return {"mechanism": self.name, "d": self.d, "epsilon": self.epsilon, "padding": self.l}
+
+    def _m(self, stack: np.ndarray) -> np.ndarray:
+        """``m = l (n+ - n-)/((3p-1) f n)`` on a ``(3, d)`` stack ``[n+, n-, n0]``."""
+        P, l = self.params, self.l
+        n = stack.sum(axis=0)
+        f = self._f(stack)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return l * (stack[0] - stack[1]) / (P.a * (2 * P.p - 1) * f * n)
+
+    def _f(self, stack: np.ndarray) -> np.ndarray:
+        P = self.params
+        n = stack.sum(axis=0)
+        return ((stack[0] + stack[1]) / n - P.b) * self.l / (P.a - P.b)
+
+    def estimate(self, counts: np.ndarray) -> Estimates:
+        n, n1, n2 = self.split_counts(counts)
+        if n == 0:
+            raise ValueError("no reports to estimate from")
+        stack = np.stack([n1, n2, n - n1 - n2])
+        f_raw, m_raw = self._f(stack), self._m(stack)
+        f = np.clip(f_raw, 1.0 / n, 1.0)
+        P = self.params
+        m = self.l * (n1 - n2) / (P.a * (2 * P.p - 1) * f * n)
+        var_f = self.variance(n, f, np.clip(m, -1, 1))[0]
+        return Estimates(frequency=f, mean=np.clip(m, -1.0, 1.0), frequency_raw=f_raw, mean_raw=m_raw,
+                         frequency_se=np.sqrt(var_f), mean_se=np.sqrt(multinomial_delta_variance(self._m, stack)),
+                         n_reports=n, mechanism=self.name, epsilon=self.epsilon)
+
+    def variance(self, n: int, f, m):
+        """Exact ``Var f_hat`` (Theorem 4.2 Eq. (9) at ``l = 1``; with padding a
+        holder's entry at ``k`` is non-zero w.p. ``A/l + B(1 - 1/l)``) and the
+        mean's first-order variance: the delta method at the expected counts
+        of (+, -, 0) entries (SPEC.md §4: not the paper's Eq. (11))."""
+        P, l = self.params, self.l
+        f = np.asarray(f, dtype=np.float64)
+        m = np.asarray(m, dtype=np.float64)
+        hold = P.a / l + P.b * (1 - 1 / l)
+        var_f = l * l * (f * hold * (1 - hold) + (1 - f) * P.b * (1 - P.b)) / (n * (P.a - P.b) ** 2)
+        fs = f / l
+        up = P.p * (1 + m) / 2 + (1 - P.p) * (1 - m) / 2      # P(entry = +x... = +1 | sampled, nonzero)
+        plus = fs * P.a * up + (1 - fs) * P.b / 2
+        minus = fs * P.a * (1 - up) + (1 - fs) * P.b / 2
+        expected = n * np.stack([plus, minus, 1 - plus - minus])
+        return var_f, multinomial_delta_variance(self._m, expected)
+
+
+def norm_sub(estimates: np.ndarray, total: float = 1.0) -> np.ndarray:
+    """Norm-Sub: the distribution ``max(x + delta, 0)`` summing to ``total``."""
+    x = np.asarray(estimates, dtype=np.float64)
+    lo, hi = total / len(x) - x.max(), total / len(x) - x.min() + total
+    for _ in range(100):                       # bisection on the shift delta
+        mid = (lo + hi) / 2
+        if np.clip(x + mid, 0, None).sum() > total:
+            hi = mid
+        else:
+            lo = mid
+    return np.clip(x + (lo + hi) / 2, 0, None)
+
+
+def sample_one_pair(users: UserBatch, rng: np.random.Generator):
+    """One pair per user, uniformly among its pairs: ``(key, value, has_pair)``."""
+    sizes = users.sizes
+    has = sizes > 0
+    pick = users.offsets[:-1] + np.floor(rng.random(users.n_users) * np.maximum(sizes, 1)).astype(np.int64)
+    pick = np.where(has, pick, 0)
+    if not len(users.keys):
+        return np.zeros(users.n_users, np.int64), np.zeros(users.n_users), has
+    return np.where(has, users.keys[pick], 0), np.where(has, users.values[pick], 0.0), has
+
+
+def grr_pairs(index: np.ndarray, x: np.ndarray, n_keys: int, epsilon: float, rng) -> ReportBatch:
+    """GRR over the ``2 n_keys`` pairs ``<key, ±1>`` (formula (7)): keep w.p.
+    ``e^eps/(e^eps + 2 n_keys - 1)``, else any other pair uniformly."""
+    n = len(index)
+    pairs = 2 * n_keys
+    own = 2 * index + (x > 0)
+    keep = rng.random(n) < grr_p(n_keys, epsilon)
+    other = rng.integers(0, pairs - 1, size=n)
+    other = other + (other >= own)
+    out = np.where(keep, own, other)
+    return ReportBatch(np.arange(n + 1), out // 2, np.where(out % 2 == 1, 1, -1).astype(np.int8))
+
+
+def grr_p(n_keys: int, epsilon: float) -> float:
+    return math.exp(epsilon) / (math.exp(epsilon) + 2 * n_keys - 1)
+
+
+def grr_q(n_keys: int, epsilon: float) -> float:
+    return 1.0 / (math.exp(epsilon) + 2 * n_keys - 1)
+
+
+class _KeyStrategyProtocol(Protocol):
+    """Shared round 1 (OLH over the keys -> candidates) and the final GRR round."""
+
+    def __init__(self, d: int, epsilon: float, top: int, group_shares):
+        self.d, self.epsilon = validated_domain(d, epsilon)
+        if int(top) != top or top < 1:
+            raise ValueError(f"top t must be a whole number >= 1, got {top}")
+        shares = tuple(float(s) for s in group_shares)
+        if any(not 0 < s < 1 for s in shares) or abs(sum(shares) - 1) > 1e-9:
+            raise ValueError(f"group shares must be in (0, 1) and add up to 1, got {shares}")
+        self.t = int(top)
+        self.n_candidates = min(2 * self.t, self.d)
+        self.group_shares = shares
+        self.round_groups = tuple(range(len(shares)))
+        self.max_rounds = len(shares)
+        # every group spends the whole budget once, in its own round
+        self.ledger = BudgetLedger.of(self.epsilon, [Share(r, "pair", self.epsilon, f"group{r + 1}")
+                                                     for r in range(self.max_rounds)])
+        self.olh = OLH(self.d + 1, self.epsilon)       # item d: a user without pairs
+
+    def config(self, round_index=None) -> Mapping:
+        return {**super().config(round_index), "top": self.t, "group_shares": list(self.group_shares)}
+
+    # round 1: one key by OLH
+    def perturb_keys(self, users: UserBatch, rng) -> OLHReportBatch:
+        key, _, has = sample_one_pair(users, rng)
+        a, b, y = self.olh.perturb(np.where(has, key, self.d), rng)
+        return OLHReportBatch(a, b, y, users.batch_id)
+
+    def candidates(self, counts: np.ndarray):
+        """``(rank of each key in TKS or -1, OLH frequency estimates, their s.e.)``."""
+        n = max(int(counts[0]), 1)
+        f = self.olh.estimate(counts[1:1 + self.d + 1], n)[:self.d] / n
+        order = np.argsort(-f, kind="stable")[:self.n_candidates]
+        rank = np.full(self.d, -1.0)
+        rank[order] = np.arange(len(order))
+        return rank, f, np.sqrt(self.olh.variance(n, np.clip(f, 0, 1)))
+
+    def olh_state(self, counts: np.ndarray, missing_frequency: bool) -> ProtocolState:
+        rank, f, se = self.candidates(counts)
+        zeros = np.zeros(self.d)
+        freq = zeros if missing_frequency else np.clip(f, 0, 1)
+        est = Estimates(frequency=freq, mean=zeros, frequency_raw=zeros if missing_frequency else f,
+                        mean_raw=np.full(self.d, np.nan),
+                        frequency_se=np.full(self.d, np.inf) if missing_frequency else se,
+                        mean_se=np.full(self.d, np.inf), n_reports=int(counts[0]),
+                        mechanism=self.name, epsilon=self.epsilon)
+        return ProtocolState(1, rank, False, self.epsilon, est)
+
+    # final round: GRR over candidate (+ dummy) pairs
+    def final_estimates(self, state: ProtocolState, counts: np.ndarray, n_keys: int, scale: int) -> Estimates:
+        """Calibrate the GRR round: ``f = scale((n+ + n-)/n - 2q)/(p - q)``,
+        ``m = scale(n+ - n-)/((p - q) f n)``, written into the candidates' slots."""
+        n = int(counts[0])
+        width = (len(counts) - 1) // 2
+        plus = counts[1:1 + width][:self.n_candidates].astype(np.float64)
+        minus = counts[1 + width:][:self.n_candidates].astype(np.float64)
+        p, q = grr_p(n_keys, self.epsilon), grr_q(n_keys, self.epsilon)
+        stack = np.stack([plus, minus, n - plus - minus])
+
+        def f_of(s):
+            return scale * ((s[0] + s[1]) / s.sum(axis=0) - 2 * q) / (p - q)
+
+        def m_of(s):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return scale * (s[0] - s[1]) / ((p - q) * f_of(s) * s.sum(axis=0))
+
+        with np.errstate(divide="ignore", invalid="ignore"):
+            f_raw, m_raw = f_of(stack), m_of(stack)
+            f = np.clip(f_raw, 1.0 / max(n, 1), 1.0)
+            m = np.clip(scale * (plus - minus) / ((p - q) * f * n), -1.0, 1.0)
+        prev = state.estimates
+        rank = state.broadcast.astype(np.int64)
+        cand = np.flatnonzero(rank >= 0)
+        slot = rank[cand]
+        out = {name: getattr(prev, name).astype(np.float64).copy()
+               for name in ("frequency", "mean", "frequency_raw", "mean_raw", "frequency_se", "mean_se")}
+        out["frequency"][cand], out["frequency_raw"][cand] = f[slot], f_raw[slot]
+        out["mean"][cand], out["mean_raw"][cand] = m[slot], m_raw[slot]
+        out["frequency_se"][cand] = np.sqrt(multinomial_delta_variance(f_of, stack))[slot]
+        out["mean_se"][cand] = np.sqrt(multinomial_delta_variance(m_of, stack))[slot]
+        return Estimates(**out, n_reports=n, mechanism=self.name, epsilon=self.epsilon)
+
+    def candidate_index(self, users: UserBatch, state: ProtocolState):
+        """Each pair's candidate rank (-1 outside ``TKS``)."""
+        return state.broadcast.astype(np.int64)[users.keys] if len(users.keys) else np.zeros(0, np.int64)
+
+
+class KSGRR(_KeyStrategyProtocol):
+    """KS-GRR: group 1 finds the top-2t candidates by OLH, group 2 reports its
+    pair by GRR over the candidates and ⊥."""
+
+    name = "ks-grr"
+
+    def __init__(self, d: int, epsilon: float, top: int = 20, group_split: float = 0.5):
+        super().__init__(d, epsilon, top, (group_split, 1.0 - group_split))
+
+    def counts_size(self, round_index: int) -> int:
+        return 1 + (self.d + 1 if round_index == 0 else 2 * (self.n_candidates + 1))
+
+    def perturb(self, round_index, users, rng, state):
+        if round_index == 0:
+            return self.perturb_keys(users, rng)
+        key, value, has = sample_one_pair(users, rng)
+        rank = np.where(has, state.broadcast.astype(np.int64)[key], -1)
+        inside = rank >= 0
+        x = np.where(inside, discretise(value, rng), np.where(rng.random(len(rank)) < 0.5, 1, -1))
+        index = np.where(inside, rank, self.n_candidates)          # ⊥ is the last key of K'
+        reports = grr_pairs(index, x, self.n_candidates + 1, self.epsilon, rng)
+        return ReportBatch(reports.offsets, reports.positions, reports.signs, users.batch_id)
+
+    def accumulate(self, round_index, counts, reports):
+        if round_index == 0:
+            counts[0] += reports.n_reports
+            counts[1:] += self.olh.support(reports.a, reports.b, reports.values)
+            return counts
+        return accumulate_symbols(counts, reports, self.n_candidates + 1, (1, -1))
+
+    def advance(self, round_index, state, counts):
+        if round_index == 0:
+            return self.olh_state(counts, missing_frequency=False)
+        est = self.final_estimates(state, counts, self.n_candidates + 1, scale=1)
+        return ProtocolState(2, state.broadcast, True, self.epsilon, est)
+
+
+class KSAdap(_KeyStrategyProtocol):
+    """KS-Adap: KS-GRR for multi-pair users with an adaptively chosen padding."""
+
+    name = "ks-adap"
+
+    def __init__(self, d: int, epsilon: float, top: int = 20, group_shares=(0.4, 0.1, 0.5),
+                 coverage: float = 0.9):
+        super().__init__(d, epsilon, top, group_shares)
+        if len(self.group_shares) != 3:
+            raise ValueError("KS-Adap needs three group shares")
+        if not 0 < coverage <= 1:
+            raise ValueError(f"coverage must be in (0, 1], got {coverage}")
+        self.coverage = float(coverage)
+        # sizes |S ∩ TKS| reported by OLH over 0 … max_size (larger ones are
+        # clipped): a padding beyond 16 would drown every pair in dummies
+        self.max_size = min(self.n_candidates, MAX_ADAPTIVE_PADDING)
+        self.sizes_olh = OLH(self.max_size + 1, self.epsilon)
+
+    def counts_size(self, round_index: int) -> int:
+        if round_index == 0:
+            return 1 + self.d + 1
+        if round_index == 1:
+            return 1 + self.max_size + 1
+        return 1 + 2 * (self.n_candidates + self.max_size)
+
+    def perturb(self, round_index, users, rng, state):
+        if round_index == 0:
+            return self.perturb_keys(users, rng)
+        inside = self.candidate_index(users, state) >= 0
+        if round_index == 1:
+            sizes = np.bincount(users.owners[inside], minlength=users.n_users)
+            a, b, y = self.sizes_olh.perturb(np.minimum(sizes, self.max_size), rng)
+            return OLHReportBatch(a, b, y, users.batch_id)
+        l = int(state.get("padding"))
+        mine = UserBatch(np.concatenate([[0], np.cumsum(np.bincount(users.owners[inside],
+                                                                    minlength=users.n_users))]),
+                         self.candidate_index(users, state)[inside], users.values[inside], users.batch_id)
+        key, x = padding_and_sampling(mine, self.n_candidates, l, rng)
+        reports = grr_pairs(key, x, self.n_candidates + l, self.epsilon, rng)
+        return ReportBatch(reports.offsets, reports.positions, reports.signs, users.batch_id)
+
+    def accumulate(self, round_index, counts, reports):
+        if round_index in (0, 1):
+            oracle = self.olh if round_index == 0 else self.sizes_olh
+            counts[0] += reports.n_reports
+            counts[1:] += oracle.support(reports.a, reports.b, reports.values)
+            return counts
+        return accumulate_symbols(counts, reports, self.n_candidates + self.max_size, (1, -1))
+
+    def choose_padding(self, counts: np.ndarray) -> int:
+        """Smallest ``l >= 1`` whose estimated cumulative share of users with
+        ``|S ∩ TKS| <= l`` exceeds ``coverage`` (SPEC.md §4, users without a
+        candidate key included).
+
+        The OLH size histogram is made a distribution by Norm-Sub (Wang et
+        al. 2020): clipping negatives alone would leave the noise of the many
+        empty large sizes as positive mass and push ``l`` up."""
+        n = max(int(counts[0]), 1)
+        cumulative = np.cumsum(norm_sub(self.sizes_olh.estimate(counts[1:], n) / n))
+        return int(np.clip(np.searchsorted(cumulative, self.coverage, side="right"), 1, self.max_size))
+
+    def advance(self, round_index, state, counts):
+        if round_index == 0:
+            return self.olh_state(counts, missing_frequency=True)
+        if round_index == 1:
+            return ProtocolState(2, state.broadcast, False, self.epsilon, state.estimates,
+                                 (("padding", self.choose_padding(counts)),))
+        l = int(state.get("padding"))
+        est = self.final_estimates(state, counts, self.n_candidates + l, scale=l)
+        return ProtocolState(3, state.broadcast, True, self.epsilon, est, state.extra)
+
+    def config(self, round_index=None) -> Mapping:
+        return {**super().config(round_index), "coverage": self.coverage}
+

@@ -1,0 +1,37 @@
+"""Accuracy metrics of the papers' evaluations.
+
+* MSE of frequency / mean over a key set (PCKV §6: all keys or the top-k);
+* NCR, the normalised cumulative rank of the top-``t`` keys (KSKV §5, after
+  Wang et al.): the ``j``-th most frequent true key scores ``t - j + 1``;
+  an estimated top-``t`` set scores the sum of its keys' scores over the
+  maximum ``t(t+1)/2``;
+* MSE over the intersection of the true and the estimated top-``t`` sets
+  (KSKV §5: only keys the mechanism found).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def top_keys(frequency: np.ndarray, t: int) -> np.ndarray:
+    """Indices of the ``t`` largest values (ties broken by key order)."""
+    return np.argsort(-np.asarray(frequency), kind="stable")[:t]
+
+
+def ncr(true_frequency: np.ndarray, est_frequency: np.ndarray, t: int) -> float:
+    t = min(t, len(true_frequency))
+    score = np.zeros(len(true_frequency))
+    score[top_keys(true_frequency, t)] = np.arange(t, 0, -1)
+    return float(score[top_keys(est_frequency, t)].sum() / (t * (t + 1) / 2))
+
+
+def mse(estimate: np.ndarray, truth: np.ndarray, keys=None) -> float:
+    """Mean squared error over ``keys`` (all by default), skipping undefined truths."""
+    estimate, truth = np.asarray(estimate, float), np.asarray(truth, float)
+    keys = np.arange(len(truth)) if keys is None else np.asarray(keys)
+    keys = keys[np.isfinite(truth[keys])]
+    return float(np.mean((estimate[keys] - truth[keys]) ** 2)) if len(keys) else float("nan")
+
+
+def top_t_intersection(true_frequency, est_frequency, t: int) -> np.ndarray:
+    return np.intersect1d(top_keys(true_frequency, t), top_keys(est_frequency, t))
