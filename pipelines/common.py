@@ -226,6 +226,8 @@ def make_mechanism(args, d: int, dataset: Dataset | None = None, ioh_keys: Seque
                "top": args.top, "group_split": args.group_split, "coverage": args.coverage,
                "group_shares": None if args.group_shares is None else
                tuple(float(x) for x in args.group_shares.split(","))}
+    if "top" not in registry.options_of(args.mechanism):
+        options["top"] = None          # --top then only sets the accuracy summary's top-t set
     if "padding" in registry.options_of(args.mechanism) and args.padding is None:
         options["padding"] = dataset.default_padding if dataset is not None else 1
     return registry.make(args.mechanism, d, args.epsilon, **options)
