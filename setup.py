@@ -17,6 +17,8 @@ setup(
         "scipy>=1.10",
         "fastavro>=1.8",
         "google-cloud-storage>=2.10",
+        "matplotlib>=3.7",
+        "tqdm>=4.60",
     ],
     extras_require={
         "test": ["pytest>=7", "gcp-storage-emulator>=2026.7.18"],

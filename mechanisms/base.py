@@ -205,6 +205,11 @@ class Mechanism(abc.ABC):
     def estimate(self, counts: np.ndarray) -> Estimates:
         """Calibrate the counts into per-key estimates."""
 
+    def theoretical_variance(self, n: int, f, m):
+        """``(Var f_hat, Var m_hat)`` per key from the paper's closed forms at
+        the true ``(f, m)``, or ``None`` where the mechanism has none."""
+        return None
+
     # -- description ----------------------------------------------------
     def config(self) -> Mapping[str, Any]:
         """The public parameters that pin the report distribution.

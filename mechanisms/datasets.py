@@ -193,10 +193,29 @@ class InMemoryDataset(Dataset):
     def key_names(self) -> list[str]:
         return self._key_names
 
+    def resampled(self, n_users: int, seed: int) -> "InMemoryDataset":
+        """A bootstrap of ``n_users`` users drawn with replacement: large-n
+        behaviour with the real data's key/value correlations (labelled)."""
+        if n_users < 1:
+            raise ValueError("resample to at least one user")
+        pick = batch_rng(seed, 0, STREAM_DATA_SETUP).integers(0, self.n_users, size=n_users)
+        sizes = self.users.sizes[pick]
+        pairs = _gather_pairs(self.users.offsets, pick, sizes)
+        users = UserBatch(np.concatenate([[0], np.cumsum(sizes)]), self.users.keys[pairs], self.users.values[pairs])
+        return InMemoryDataset(f"{self.name} (bootstrap of {n_users:,} users)", users, self._key_names,
+                               self.default_padding)
+
     def batch(self, batch_id: int, start: int, stop: int) -> UserBatch:
         lo, hi = self.users.offsets[start], self.users.offsets[stop]
         return UserBatch(self.users.offsets[start:stop + 1] - lo, self.users.keys[lo:hi],
                          self.users.values[lo:hi], batch_id)
+
+
+def _gather_pairs(offsets: np.ndarray, pick: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Pair indices of users ``pick`` in order, without a Python loop."""
+    starts = np.repeat(offsets[pick], sizes)
+    within = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    return starts + within
 
 
 def shared_data_dir() -> Path:

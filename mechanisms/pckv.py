@@ -161,6 +161,9 @@ class _PCKV(Mechanism):
             n_reports=n, mechanism=self.name, epsilon=self.epsilon,
         )
 
+    def theoretical_variance(self, n: int, f, m):
+        return self.variance(n, f, np.nan_to_num(np.asarray(m, dtype=np.float64)))
+
     def variance(self, n: int, f, m):
         """Theorem 4's variances of ``f_hat`` (exact, unconditional) and of
         ``m_hat`` (first-order bound), per key."""

@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from pipelines import bench, query, simulate, split
+from pipelines import advise, bench, evaluate, query, simulate, split
 
 COMMANDS = {
     "simulate": (simulate.add_arguments, simulate.run,
@@ -16,6 +16,8 @@ COMMANDS = {
     "collect": (split.add_collect_arguments, split.run_collect,
                 "collector side: reports -> calibrated estimates"),
     "query": (query.add_arguments, query.run, "IOH: conditional frequency and mean from a counts file"),
+    "evaluate": (evaluate.add_arguments, evaluate.run, "sweep mechanisms x epsilons x repeats; results.csv + PNGs"),
+    "advise": (advise.add_arguments, advise.run, "which mechanism for n, d, epsilon (and l), with expected errors"),
     "bench": (bench.add_arguments, bench.run, "users/second of the Beam pipeline vs the NumPy runner"),
 }
 

@@ -39,9 +39,12 @@ def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
     return beam.Pipeline(runner=FnApiRunner(), options=options)
 
 
-def add_mechanism_args(parser: argparse.ArgumentParser):
-    parser.add_argument("--mechanism", required=True, choices=registry.names())
-    parser.add_argument("--epsilon", type=float, required=True, help="total privacy budget per user")
+def add_mechanism_args(parser: argparse.ArgumentParser, single: bool = True):
+    """``--mechanism``/``--epsilon`` (unless ``single`` is false: a sweep names
+    several) and every mechanism's options."""
+    if single:
+        parser.add_argument("--mechanism", required=True, choices=registry.names())
+        parser.add_argument("--epsilon", type=float, required=True, help="total privacy budget per user")
     opts = parser.add_argument_group("mechanism options (each mechanism takes the ones that apply)")
     opts.add_argument("--padding", "-l", type=int, default=None,
                       help="PCKV padding length l (default: the dataset's, 1 for single-pair data, 2 for clothing)")
@@ -74,6 +77,8 @@ def add_dataset_args(parser: argparse.ArgumentParser, default: str | None = "syn
     parser.add_argument("--seed", type=int, default=None,
                         help="run seed (simulations/tests); default: fresh from the OS CSPRNG")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="users per batch")
+    parser.add_argument("--resample-users", type=int, default=None,
+                        help="bootstrap a real dataset's users up to N (labelled in the output)")
     ratings = parser.add_argument_group("ratings files")
     ratings.add_argument("--input-format", choices=("csv", "jsonl", "avro"), default=None)
     ratings.add_argument("--user-col", default="user")
@@ -121,6 +126,16 @@ class Seeds:
 
 def built_in_dataset(args, data_seed: int) -> Dataset | None:
     """The named dataset, or ``None`` when ``--dataset`` is a file pattern."""
+    dataset = _named_dataset(args, data_seed)
+    n = getattr(args, "resample_users", None)
+    if n:
+        if not hasattr(dataset, "resampled"):
+            raise ValueError("--resample-users applies to real datasets (clothing, movielens-100k)")
+        dataset = dataset.resampled(n, data_seed)
+    return dataset
+
+
+def _named_dataset(args, data_seed: int) -> Dataset | None:
     name = args.dataset
     if name in ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr"):
         return SyntheticDataset(name.split("-", 1)[1], n_users=args.users, d=args.keys,
@@ -226,8 +241,11 @@ def make_mechanism(args, d: int, dataset: Dataset | None = None, ioh_keys: Seque
                "top": args.top, "group_split": args.group_split, "coverage": args.coverage,
                "group_shares": None if args.group_shares is None else
                tuple(float(x) for x in args.group_shares.split(","))}
-    if "top" not in registry.options_of(args.mechanism):
+    accepted = registry.options_of(args.mechanism)
+    if "top" not in accepted:
         options["top"] = None          # --top then only sets the accuracy summary's top-t set
+    if getattr(args, "lenient", False):
+        options = {k: v for k, v in options.items() if k in accepted}
     if "padding" in registry.options_of(args.mechanism) and args.padding is None:
         options["padding"] = dataset.default_padding if dataset is not None else 1
     return registry.make(args.mechanism, d, args.epsilon, **options)

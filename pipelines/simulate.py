@@ -27,13 +27,15 @@ def add_arguments(parser: argparse.ArgumentParser):
                         help='IOH: "target=KEY given KEY=1,KEY=0" (repeatable); prints estimate and truth')
 
 
-def run(args, beam_args) -> dict:
+def execute(args, beam_args) -> dict:
+    """Build and run the simulation pipeline; return what it produced
+    (records read back, counters, run time, protocol summary) without printing."""
     seeds = common.Seeds.from_arg(args.seed)
     dataset = common.built_in_dataset(args, seeds.data)
     dictionary = None if dataset is not None else common.key_dictionary(args, beam_args)
     key_names = dataset.key_names if dataset is not None else dictionary
     ioh_keys = common.resolve_ioh_keys(args, beam_args, key_names, dataset, dictionary)
-    if args.query and ioh_keys is None:
+    if getattr(args, "query", None) and ioh_keys is None:
         raise ValueError("--query needs an IOH mechanism (ioh-oue, ioh-sue)")
     output = args.output or common.scratch_path(beam_args, "estimates.jsonl")
     summary_path, counts_path = output + ".protocol.json", output + ".counts.avro"
@@ -47,7 +49,8 @@ def run(args, beam_args) -> dict:
     else:
         # users: UserBatch -> reports -> counts -> records: one dict per key
         reports = source.users | "Perturb" >> Perturb(mechanism, seeds.perturb)
-        records, counts = estimate_graph(reports, mechanism, source.key_names, source.users, args.fanout)
+        records, counts = estimate_graph(reports, mechanism, source.key_names, source.users,
+                                         getattr(args, "fanout", None))
         if ioh_keys is not None:
             ioh_counts_file(counts, source.users, mechanism, source.key_names, counts_path)
     records | "WriteEstimates" >> WriteEstimates(output)
@@ -56,24 +59,29 @@ def run(args, beam_args) -> dict:
     start = time.perf_counter()
     result = p.run()
     result.wait_until_finish()
-    seconds = time.perf_counter() - start
-    stats = common.counters(result)
-    records = report.read_estimates(output)
+    return {"mechanism": mechanism, "dataset": getattr(dataset, "name", args.dataset), "output": output,
+            "seconds": time.perf_counter() - start, "stats": common.counters(result),
+            "records": report.read_estimates(output), "n_users": getattr(dataset, "n_users", None),
+            "protocol": json.loads(read_text(summary_path)) if is_protocol(mechanism) else None,
+            "counts_path": counts_path if ioh_keys is not None else None}
+
+
+def run(args, beam_args) -> dict:
+    out = execute(args, beam_args)
+    mechanism, records, stats = out["mechanism"], out["records"], out["stats"]
     summary = report.mse_summary(records, args.top or 50)
-    print(f"{mechanism!r} on {getattr(dataset, 'name', args.dataset)}: "
-          f"{stats.get('users_perturbed', 0)} user reports in {seconds:.1f} s")
-    protocol_info = None
-    if is_protocol(mechanism):
-        protocol_info = json.loads(read_text(summary_path))
-        print(f"rounds run: {protocol_info['rounds_run']} of at most {protocol_info['max_rounds']}; "
-              f"epsilon spent per user: {protocol_info['epsilon_spent']:.6g} of {mechanism.epsilon:g}")
+    print(f"{mechanism!r} on {out['dataset']}: {stats.get('users_perturbed', 0)} user reports "
+          f"in {out['seconds']:.1f} s")
+    if out["protocol"]:
+        info = out["protocol"]
+        print(f"rounds run: {info['rounds_run']} of at most {info['max_rounds']}; "
+              f"epsilon spent per user: {info['epsilon_spent']:.6g} of {mechanism.epsilon:g}")
     common.print_row_summary(stats)
     report.print_table(records, args.rows)
     print(" ".join(f"{k}={v:.4g}" for k, v in summary.items()))
-    print(f"estimates written to {output}")
+    print(f"estimates written to {out['output']}")
     answers = []
-    if ioh_keys is not None:
-        print(f"IOH cell counts written to {counts_path} (query them with kvldp query --counts)")
-        answers = print_queries(counts_path, args.query)
-    return {"output": output, "seconds": seconds, "stats": stats, "protocol": protocol_info,
-            "queries": answers, **summary}
+    if out["counts_path"]:
+        print(f"IOH cell counts written to {out['counts_path']} (query them with kvldp query --counts)")
+        answers = print_queries(out["counts_path"], args.query)
+    return {**out, "queries": answers, **summary}

@@ -1,0 +1,87 @@
+"""The evaluation's figures: PNGs read off ``results.csv``.
+
+MSE of frequency and of mean against epsilon (log scale), one line per
+mechanism (mean over repeats, bars: min-max), the closed-form theory dashed
+in the same colour; NCR against epsilon for each top-t set.
+"""
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from pathlib import Path
+
+FIGSIZE = (8, 5)        # inches
+DPI = 100               # -> 800 x 500 pixels
+
+
+def _load(path: Path):
+    rows = []
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            r["epsilon"], r["value"] = float(r["epsilon"]), float(r["value"])
+            r["theory"] = float(r["theory"]) if r["theory"] not in ("", None) else None
+            rows.append(r)
+    return rows
+
+
+def _series(rows, metric, key_set):
+    """mechanism -> sorted [(eps, mean, min, max, theory mean or None)]."""
+    cells = defaultdict(list)
+    for r in rows:
+        if r["metric"] == metric and r["key_set"] == key_set:
+            cells[(r["mechanism"], r["epsilon"])].append(r)
+    out = defaultdict(list)
+    for (mech, eps), rs in sorted(cells.items()):
+        vals = [r["value"] for r in rs if r["value"] == r["value"]]
+        th = [r["theory"] for r in rs if r["theory"] is not None]
+        if vals:
+            out[mech].append((eps, sum(vals) / len(vals), min(vals), max(vals), sum(th) / len(th) if th else None))
+    return out
+
+
+def _plot(series, title: str, ylabel: str, path: Path, log: bool):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
+    for i, (mech, pts) in enumerate(sorted(series.items())):
+        colour = f"C{i % 10}"
+        eps = [p[0] for p in pts]
+        mean = [p[1] for p in pts]
+        err = [[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]
+        ax.errorbar(eps, mean, yerr=err, marker="o", ms=4, capsize=2, color=colour, label=mech)
+        theory = [(p[0], p[4]) for p in pts if p[4] is not None and p[4] > 0]
+        if theory:
+            ax.plot(*zip(*theory), linestyle="--", color=colour, alpha=0.8, label=f"{mech} (theory)")
+    if log:
+        ax.set_yscale("log")
+    ax.set_xlabel("epsilon")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def plot_results(results_csv, out_dir) -> list[Path]:
+    rows = _load(Path(results_csv))
+    out_dir = Path(out_dir)
+    dataset = rows[0]["dataset"] if rows else ""
+    pngs = []
+    key_sets = sorted({r["key_set"] for r in rows if r["metric"] == "mse_frequency"},
+                      key=lambda k: (k != "all", len(k), k))
+    for key_set in key_sets:
+        for metric, label in (("mse_frequency", "MSE of frequency"), ("mse_mean", "MSE of mean")):
+            series = _series(rows, metric, key_set)
+            if series:
+                pngs.append(_plot(series, f"{label}, {key_set} keys — {dataset}", label,
+                                  out_dir / f"{metric}_{key_set}.png", log=True))
+    for key_set in sorted({r["key_set"] for r in rows if r["metric"] == "ncr"}):
+        pngs.append(_plot(_series(rows, "ncr", key_set), f"NCR of the {key_set} keys — {dataset}", "NCR",
+                          out_dir / f"ncr_{key_set}.png", log=False))
+    return pngs

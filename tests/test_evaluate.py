@@ -1,0 +1,100 @@
+"""``kvldp evaluate`` on a tiny sweep, and ``kvldp advise`` against PCKV's rule."""
+from __future__ import annotations
+
+import csv
+import math
+
+import numpy as np
+import pytest
+
+from pipelines import cli
+from pipelines.advise import advise, pckv_prefers_ue
+from pipelines.figures import DPI, FIGSIZE
+from pipelines.presets import PRESETS
+
+SWEEP = ["evaluate", "--mechanisms", "pckv-ue,privkv", "--epsilons", "1,4", "--repeats", "2",
+         "--users", "20000", "--keys", "20", "--top-sets", "5", "--parallel", "1", "--seed", "3"]
+
+
+def _rows(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_tiny_sweep_csv_and_figures(tmp_path, capsys):
+    out = tmp_path / "ev"
+    assert cli.main([*SWEEP, "--out", str(out)]) == 0
+    rows = _rows(out / "results.csv")
+    assert set(rows[0]) == {"mechanism", "epsilon", "repeat", "metric", "key_set", "value", "theory",
+                            "dataset", "n_users"}
+    cells = {(r["mechanism"], float(r["epsilon"]), int(r["repeat"])) for r in rows}
+    assert cells == {(m, e, r) for m in ("pckv-ue", "privkv") for e in (1.0, 4.0) for r in (0, 1)}
+    per_cell = {c: [r for r in rows if (r["mechanism"], float(r["epsilon"]), int(r["repeat"])) == c] for c in cells}
+    expected = {("mse_frequency", "all"), ("mse_mean", "all"), ("mse_frequency", "top5"), ("mse_mean", "top5"),
+                ("ncr", "top5"), ("mse_frequency_found", "top5"), ("mse_mean_found", "top5")}
+    for c, rs in per_cell.items():
+        assert {(r["metric"], r["key_set"]) for r in rs} == expected
+    for c, rs in per_cell.items():
+        ncr = next(float(r["value"]) for r in rs if r["metric"] == "ncr")
+        for r in rs:
+            if r["metric"].endswith("_found"):
+                # MSE over the true-and-estimated top set: undefined iff the set is empty
+                assert math.isnan(float(r["value"])) == (ncr == 0.0)
+    for r in rows:
+        v = float(r["value"])
+        if r["metric"].endswith("_found") and math.isnan(v):
+            continue
+        assert math.isfinite(v) and v >= 0 and r["n_users"] == "20000" and r["dataset"] == "synthetic-uu"
+        if r["metric"] == "ncr":
+            assert 0 <= v <= 1
+        # theory where the paper has a closed form (PCKV Theorem 4), nowhere else
+        has_theory = r["mechanism"] == "pckv-ue" and r["metric"] in ("mse_frequency", "mse_mean")
+        assert (r["theory"] != "") == has_theory, r
+    # the measured MSE falls with epsilon, as every curve of the papers
+    for mech in ("pckv-ue", "privkv"):
+        lo = np.mean([float(r["value"]) for r in rows if r["mechanism"] == mech and r["metric"] == "mse_frequency"
+                      and r["key_set"] == "all" and float(r["epsilon"]) == 1.0])
+        hi = np.mean([float(r["value"]) for r in rows if r["mechanism"] == mech and r["metric"] == "mse_frequency"
+                      and r["key_set"] == "all" and float(r["epsilon"]) == 4.0])
+        assert hi < lo
+    import matplotlib.image as mpimg
+
+    for name in ("mse_frequency_all", "mse_mean_all", "mse_frequency_top5", "mse_mean_top5", "ncr_top5"):
+        png = out / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        image = mpimg.imread(png)
+        assert image.shape[:2] == (FIGSIZE[1] * DPI, FIGSIZE[0] * DPI)
+        assert image.std() > 0                      # not a blank canvas
+    # rerunning with the same --out resumes: nothing left to run, nothing duplicated
+    capsys.readouterr()
+    assert cli.main([*SWEEP, "--out", str(out)]) == 0
+    assert "8 cells done, 0 to run" in capsys.readouterr().out
+    assert len(_rows(out / "results.csv")) == len(rows)
+
+
+def test_presets_name_known_mechanisms():
+    from mechanisms import registry
+
+    for name, preset in PRESETS.items():
+        for mech in preset["mechanisms"].split(","):
+            registry.factory(mech)
+        assert [float(e) for e in preset["epsilons"].split(",")]
+
+
+@pytest.mark.parametrize("d, l, eps", [(84, 1, 4.0), (85, 1, 4.0), (20, 1, 4.0), (1000, 1, 4.0),
+                                       (30, 2, 1.0), (60, 2, 1.0), (200, 3, 2.0), (500, 3, 2.0)])
+def test_advise_follows_pckv_rule_on_both_sides(d, l, eps):
+    """UE iff 2(d-1) > l(4l-1)(e^eps+1); at f -> 0 the rule's choice is also
+    the PCKV variant with the smaller Theorem-4 frequency variance."""
+    out = advise(10**6, d, eps, l, f=0.0)
+    rule = 2 * (d - 1) > l * (4 * l - 1) * (math.exp(eps) + 1)
+    assert pckv_prefers_ue(d, eps, l) == rule
+    assert out["recommendation"] == ("pckv-ue" if rule else "pckv-grr")
+    se = {r["mechanism"]: r["frequency_se"] for r in out["candidates"]}
+    assert (se["pckv-ue"] < se["pckv-grr"]) == rule
+
+
+def test_advise_cli_prints_expected_errors(capsys):
+    assert cli.main(["advise", "--users", "1000000", "--keys", "100", "--epsilon", "4", "--frequency", "0.05"]) == 0
+    text = capsys.readouterr().out
+    assert "recommended: pckv-ue" in text and "pckv-grr: frequency ±" in text
