@@ -72,15 +72,13 @@ def test_simulate_prints_rounds_and_budget(tmp_path, capsys):
     assert summary["rounds_run"] == 1 and summary["stopped_early"] and summary["epsilon_spent"] == 1.0
 
 
-def test_split_rounds_equal_one_pipeline(tmp_path):
-    """PrivKVM c = 3 as three perturb/collect jobs with broadcast files gives
-    the single pipeline's estimates (same seed: identical)."""
-    common = ["--mechanism", "privkvm", "--epsilon", "2", "--rounds", "3"]
-    data = ["--users", "20000", "--keys", "8", "--seed", "6", "--batch-size", "5000"]
+def assert_split_rounds_equal_simulation(tmp_path, common, data, rounds):
+    """Run ``rounds`` perturb/collect jobs linked by broadcast files and check
+    they give the single pipeline's estimates (same seed: identical)."""
     sim = tmp_path / "sim.jsonl"
     assert cli.main(["simulate", *common, *data, "--output", str(sim)]) == 0
     broadcast = []
-    for r in (1, 2, 3):
+    for r in range(1, rounds + 1):
         rep = tmp_path / f"r{r}" / "R.avro"
         assert cli.main(["perturb", *common, *data, "--round", str(r), *broadcast, "--output", str(rep)]) == 0
         est = tmp_path / f"est{r}.jsonl"
@@ -89,11 +87,18 @@ def test_split_rounds_equal_one_pipeline(tmp_path):
                          "--key-dictionary", str(tmp_path / f"r{r}" / "R.keys.txt"), "--output", str(est)]) == 0
         broadcast = ["--broadcast", str(est) + ".broadcast.avro"]
     a = {r["key"]: r for r in read_estimates(str(sim))}
-    b = {r["key"]: r for r in read_estimates(str(tmp_path / "est3.jsonl"))}
+    b = {r["key"]: r for r in read_estimates(str(tmp_path / f"est{rounds}.jsonl"))}
     assert a.keys() == b.keys()
     for k in a:
         assert a[k]["mean"] == pytest.approx(b[k]["mean"], abs=1e-12)
         assert a[k]["frequency"] == pytest.approx(b[k]["frequency"], abs=1e-12)
+
+
+def test_split_rounds_equal_one_pipeline(tmp_path):
+    """PrivKVM c = 3 as three perturb/collect jobs with broadcast files."""
+    assert_split_rounds_equal_simulation(
+        tmp_path, ["--mechanism", "privkvm", "--epsilon", "2", "--rounds", "3"],
+        ["--users", "20000", "--keys", "8", "--seed", "6", "--batch-size", "5000"], 3)
 
 
 def test_split_rounds_refuse_wrong_order(tmp_path, capsys):
@@ -140,25 +145,11 @@ def test_key_strategy_pipeline_equals_local_runner(name, options, kind):
 
 
 def test_ks_adap_split_rounds_equal_one_pipeline(tmp_path):
-    common = ["--mechanism", "ks-adap", "--epsilon", "3", "--top", "4"]
-    data = ["--dataset", "synthetic-multi", "--users", "20000", "--keys", "12", "--seed", "3",
-            "--batch-size", "5000"]
-    sim = tmp_path / "sim.jsonl"
-    assert cli.main(["simulate", *common, *data, "--output", str(sim)]) == 0
-    broadcast = []
-    for r in (1, 2, 3):
-        rep = tmp_path / f"r{r}" / "R.avro"
-        assert cli.main(["perturb", *common, *data, "--round", str(r), *broadcast, "--output", str(rep)]) == 0
-        est = tmp_path / f"est{r}.jsonl"
-        assert cli.main(["collect", *common, "--round", str(r), *broadcast,
-                         "--input", str(tmp_path / f"r{r}" / "R*.avro"),
-                         "--key-dictionary", str(tmp_path / f"r{r}" / "R.keys.txt"), "--output", str(est)]) == 0
-        broadcast = ["--broadcast", str(est) + ".broadcast.avro"]
-    a = {r["key"]: r for r in read_estimates(str(sim))}
-    b = {r["key"]: r for r in read_estimates(str(tmp_path / "est3.jsonl"))}
-    for k in a:
-        assert a[k]["frequency"] == pytest.approx(b[k]["frequency"], abs=1e-12)
-        assert a[k]["mean"] == pytest.approx(b[k]["mean"], abs=1e-12)
+    """KS-Adap's three group rounds (candidates, sizes -> l, final GRR) split."""
+    assert_split_rounds_equal_simulation(
+        tmp_path, ["--mechanism", "ks-adap", "--epsilon", "3", "--top", "4"],
+        ["--dataset", "synthetic-multi", "--users", "20000", "--keys", "12", "--seed", "3", "--batch-size", "5000"],
+        3)
 
 
 def test_simulate_reports_kskv_metrics(capsys):
