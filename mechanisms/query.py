@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .ioh import index_states, state_index
+from .ioh import state_index
 
 HELD = (0, 2)
 NOT_HELD = (1,)

@@ -8,12 +8,13 @@ import sys
 from typing import Sequence
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from mechanisms import registry
 from mechanisms.datasets import DEFAULT_BATCH_SIZE, Dataset, SyntheticDataset, load_clothing, load_movielens_100k
 from mechanisms.randomness import fresh_seed
-from transforms.io import DEAD_LETTER, ReadRatings
+from transforms.ratings import DEAD_LETTER, ReadRatings
 
 DATASETS = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr", "clothing", "movielens-100k")
 
@@ -264,10 +265,8 @@ def named_keys(names_text: str, key_names: Sequence[str]) -> list[int]:
     return [index[k] for k in wanted]
 
 
-def key_frequencies(args, beam_args, dataset: Dataset | None, dictionary) -> "np.ndarray":
+def key_frequencies(args, beam_args, dataset: Dataset | None, dictionary) -> np.ndarray:
     """How many users hold each key (ingest side: it sees raw data)."""
-    import numpy as np
-
     if dataset is not None:
         out = np.zeros(dataset.d, dtype=np.int64)
         for users in dataset.batches(args.batch_size):
@@ -289,7 +288,6 @@ def key_frequencies(args, beam_args, dataset: Dataset | None, dictionary) -> "np
 def _save_array(array, path: str):
     import io
 
-    import numpy as np
     from apache_beam.io.filesystems import FileSystems
 
     buf = io.BytesIO()
@@ -307,8 +305,6 @@ def resolve_ioh_keys(args, beam_args, key_names, dataset: Dataset | None, dictio
         return None
     if args.ioh_keys:
         return named_keys(args.ioh_keys, key_names)
-    import numpy as np
-
     top = args.ioh_top or min(5, len(key_names))
     freq = key_frequencies(args, beam_args, dataset, dictionary)
     return [int(k) for k in np.argsort(-freq, kind="stable")[:top]]

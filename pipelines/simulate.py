@@ -13,7 +13,8 @@ from pipelines import common, report
 from pipelines.graphs import estimate_graph, ioh_counts_file, protocol_estimates
 from pipelines.query import print_queries
 from pipelines.report import read_text
-from transforms.io import WriteEstimates, write_dead_letters
+from transforms.io import WriteEstimates
+from transforms.ratings import write_dead_letters
 from transforms.perturb import Perturb
 
 

@@ -23,8 +23,8 @@ from mechanisms.registry import is_protocol
 from pipelines import common, report
 from pipelines.graphs import estimate_graph, ioh_counts_file, to_records
 from schemas.records import broadcast_records, state_from_broadcast
-from transforms.io import (ReadReports, WriteEstimates, WriteReports, check_report_files, report_config,
-                           write_dead_letters)
+from transforms.io import ReadReports, WriteEstimates, WriteReports, check_report_files, report_config
+from transforms.ratings import write_dead_letters
 from transforms.perturb import Perturb
 from transforms.rounds import ProtocolCombineFn, ProtocolPerturbFn, advance_state
 

@@ -19,7 +19,8 @@ from mechanisms.randomness import batch_rng
 from pipelines.common import counters
 from pipelines.graphs import collect_estimates
 from transforms.accumulate import Accumulate, MechanismCombineFn
-from transforms.io import DEAD_LETTER, ReadRatings, WriteEstimates
+from transforms.io import WriteEstimates
+from transforms.ratings import DEAD_LETTER, ReadRatings
 from transforms.perturb import Perturb, PerturbBatchFn
 
 

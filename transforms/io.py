@@ -1,15 +1,9 @@
-"""Reading ratings and reports, writing reports and estimates.
+"""Reports and estimates on files.
 
-* ``ReadRatings`` (client / ingest side): CSV, JSON Lines or Avro files,
-  local or ``gs://`` (Beam ``FileSystems``), parsed in chunks straight into
-  NumPy, validated, normalised into ``[-1, 1]`` and grouped per user into
-  ``UserBatch``es. Users are assigned to ``shards`` by a stable hash of their
-  id and a shard's users are sorted by id, so a batch's content -- and with
-  it its id and its random stream -- never depends on element order.
-  Invalid rows go to the ``dead_letter`` output with a reason.
 * ``WriteReports`` / ``ReadReports``: one Avro file per report batch, named by
-  batch id (a retried bundle overwrites the same file), written and read
-  with fastavro (10x ``WriteToAvro``'s speed, DESIGN.md).
+  batch id (a retried bundle overwrites the same file, so retries are
+  idempotent), written and read with fastavro (10x ``WriteToAvro``'s speed,
+  DESIGN.md); the file metadata pins the mechanism's public parameters.
 * ``WriteEstimates``: Avro, JSON Lines or CSV by file extension.
 """
 from __future__ import annotations
@@ -17,24 +11,18 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
-import zlib
 from typing import Mapping, Sequence
 
 import apache_beam as beam
 import fastavro
-import numpy as np
 from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 import schemas
-from mechanisms.base import UserBatch
 from schemas.records import (olh_reports_from_records, packed_reports_from_records, report_records, report_schema,
                              reports_from_records)
 
-DEAD_LETTER = "dead_letter"
-CHUNK_ROWS = 50_000
 FORMATS = ("csv", "jsonl", "avro")
 CONFIG_METADATA_KEY = "kvldp.config"
 
@@ -52,271 +40,6 @@ def format_of(path: str, declared: str | None = None) -> str:
             return fmt
     raise ValueError(f"cannot tell the format of {path!r} from its extension; "
                      f"use .csv, .jsonl or .avro (or declare it with --input-format)")
-
-
-def normalise(ratings: np.ndarray, rating_range: tuple[float, float]) -> np.ndarray:
-    """Map ``[lo, hi]`` linearly onto ``[-1, 1]``."""
-    lo, hi = rating_range
-    return 2.0 * (ratings - lo) / (hi - lo) - 1.0
-
-
-def stable_shard(user: str, shards: int) -> int:
-    """Shard of a user id: CRC-32, stable across processes (unlike ``hash``)."""
-    return zlib.crc32(user.encode("utf-8")) % shards
-
-
-class _Chunk:
-    """Parsed rows of one file: source, line numbers, users, items, ratings."""
-
-    def __init__(self, source: str):
-        self.source = source
-        self.lines: list[int] = []
-        self.users: list[str] = []
-        self.items: list[str] = []
-        self.ratings: list[float] = []
-
-    def __len__(self):
-        return len(self.lines)
-
-    def add(self, line: int, user, item, rating):
-        self.lines.append(line)
-        self.users.append(str(user))
-        self.items.append(str(item))
-        self.ratings.append(rating)
-
-    def arrays(self):
-        return {"source": self.source, "lines": np.asarray(self.lines, dtype=np.int64),
-                "users": np.asarray(self.users, dtype=object), "items": np.asarray(self.items, dtype=object),
-                "ratings": np.asarray(self.ratings, dtype=np.float64)}
-
-
-def _dead(source: str, line, reason: str, row) -> dict:
-    return {"source": source, "line": int(line), "reason": reason, "row": row}
-
-
-class ParseRatingFileFn(beam.DoFn):
-    """``ReadableFile -> chunks of parsed rows`` (+ malformed rows to dead letter)."""
-
-    def __init__(self, fmt: str | None, user_col: str, item_col: str, rating_col: str):
-        self._fmt, self._cols = fmt, (user_col, item_col, rating_col)
-        self._read = Metrics.counter("kvldp", "rows_read")
-        self._rejected = Metrics.counter("kvldp", "rows_rejected")
-
-    def process(self, readable):
-        path = readable.metadata.path
-        fmt = format_of(path, self._fmt)
-        chunk = _Chunk(path)
-        with readable.open() as fh:
-            rows = {"csv": self._csv, "jsonl": self._jsonl, "avro": self._avro}[fmt](fh)
-            for line, row in rows:
-                self._read.inc()
-                if isinstance(row, _Bad):      # a reason: the row is malformed
-                    self._rejected.inc()
-                    yield beam.pvalue.TaggedOutput(DEAD_LETTER, _dead(path, line, str(row), row.row))
-                    continue
-                chunk.add(line, *row)
-                if len(chunk) >= CHUNK_ROWS:
-                    yield chunk.arrays()
-                    chunk = _Chunk(path)
-        if len(chunk):
-            yield chunk.arrays()
-
-    def _fields(self, record: dict):
-        u, i, r = (record.get(c) for c in self._cols)
-        if u is None or i is None or r is None or u == "" or i == "":
-            missing = [c for c, v in zip(self._cols, (u, i, r)) if v is None or v == ""]
-            return ("malformed row: missing " + ", ".join(missing), _printable(record))
-        try:
-            rating = float(r)
-        except (TypeError, ValueError):
-            return ("malformed row: rating is not a number", _printable(record))
-        return (u, i, rating)
-
-    def _csv(self, fh):
-        text = io.TextIOWrapper(fh, encoding="utf-8", newline="")
-        reader = csv.reader(text)
-        header = next(reader, None)
-        if header is None:
-            return
-        missing = [c for c in self._cols if c not in header]
-        if missing:
-            raise ValueError(f"CSV header {header} lacks column(s) {missing}; set --user-col/--item-col/--rating-col")
-        idx = [header.index(c) for c in self._cols]
-        for line, row in enumerate(reader, start=2):
-            if not row:
-                continue
-            if len(row) != len(header):
-                yield line, _bad(f"malformed row: {len(row)} fields, header has {len(header)}", row)
-                continue
-            yield line, _unbad(self._fields({c: row[j] for c, j in zip(self._cols, idx)}))
-
-    def _jsonl(self, fh):
-        for line, raw in enumerate(io.TextIOWrapper(fh, encoding="utf-8"), start=1):
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw)
-            except json.JSONDecodeError as err:
-                yield line, _bad(f"malformed row: invalid JSON ({err.msg})", raw.rstrip("\n"))
-                continue
-            if not isinstance(record, dict):
-                yield line, _bad("malformed row: not a JSON object", raw.rstrip("\n"))
-                continue
-            yield line, _unbad(self._fields(record))
-
-    def _avro(self, fh):
-        for line, record in enumerate(fastavro.reader(fh), start=1):
-            yield line, _unbad(self._fields(record))
-
-
-class _Bad(str):
-    """A reason string carrying the offending row (so ``process`` can tell
-    malformed rows from parsed tuples with one ``isinstance``)."""
-
-
-def _bad(reason: str, row) -> _Bad:
-    s = _Bad(reason)
-    s.row = row
-    return s
-
-
-def _unbad(parsed):
-    if len(parsed) == 2:
-        return _bad(*parsed)
-    return parsed
-
-
-def _printable(record) -> dict:
-    return {k: (v if isinstance(v, (str, int, float, type(None))) else repr(v)) for k, v in record.items()}
-
-
-class ValidateAndShardFn(beam.DoFn):
-    """Vectorised checks (NaN, range, unknown key), normalisation, sharding.
-
-    Emits ``(shard, chunk)`` with keys as dictionary indices and values in
-    ``[-1, 1]``; failures go to the dead letter with the reason.
-    """
-
-    def __init__(self, rating_range: tuple[float, float], shards: int):
-        lo, hi = rating_range
-        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-            raise ValueError(f"rating range must be two finite numbers lo < hi, got {rating_range}")
-        self._range, self._shards = (float(lo), float(hi)), int(shards)
-        self._rejected = Metrics.counter("kvldp", "rows_rejected")
-
-    def process(self, chunk, dictionary: Sequence[str]):
-        index = {k: i for i, k in enumerate(dictionary)}
-        keys = np.fromiter((index.get(i, -1) for i in chunk["items"]), dtype=np.int64, count=len(chunk["items"]))
-        r = chunk["ratings"]
-        lo, hi = self._range
-        reasons = np.full(len(r), "", dtype=object)
-        reasons[keys < 0] = "unknown key: item not in the key dictionary"
-        reasons[(r < lo) | (r > hi)] = f"value outside the declared rating range [{lo:g}, {hi:g}]"
-        reasons[~np.isfinite(r)] = "value is NaN or infinite"
-        bad = reasons != ""
-        for j in np.flatnonzero(bad):
-            self._rejected.inc()
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER, _dead(
-                chunk["source"], chunk["lines"][j], reasons[j],
-                {"user": chunk["users"][j], "item": chunk["items"][j], "rating": _finite_or_str(r[j])}))
-        ok = ~bad
-        users = chunk["users"][ok]
-        shard = np.fromiter((stable_shard(u, self._shards) for u in users), dtype=np.int64, count=len(users))
-        sub = {"source": chunk["source"], "lines": chunk["lines"][ok], "users": users, "items": chunk["items"][ok],
-               "keys": keys[ok], "values": normalise(r[ok], self._range)}
-        for s in np.unique(shard):
-            m = shard == s
-            yield int(s), {k: (v[m] if isinstance(v, np.ndarray) else v) for k, v in sub.items()}
-
-
-def _finite_or_str(x: float):
-    return float(x) if math.isfinite(x) else str(x)
-
-
-class AssembleUsersFn(beam.DoFn):
-    """``(shard, chunks) -> UserBatch`` sorted by user id; a key a user holds
-    twice is rejected (every row of it: which one is right is unknowable)."""
-
-    def __init__(self):
-        self._accepted = Metrics.counter("kvldp", "rows_accepted")
-        self._rejected = Metrics.counter("kvldp", "rows_rejected")
-        self._users = Metrics.counter("kvldp", "users_assembled")
-
-    def process(self, element):
-        shard, chunks = element
-        chunks = list(chunks)
-        cat = {k: np.concatenate([c[k] for c in chunks]) for k in ("lines", "users", "items", "keys", "values")}
-        sources = np.concatenate([np.full(len(c["lines"]), c["source"], dtype=object) for c in chunks])
-        uniq, user_idx = np.unique(cat["users"].astype(str), return_inverse=True)
-        d_span = int(cat["keys"].max()) + 1 if len(cat["keys"]) else 1
-        flat = user_idx.astype(np.int64) * d_span + cat["keys"]
-        order = np.argsort(flat, kind="stable")
-        flat_sorted = flat[order]
-        dup_sorted = np.zeros(len(flat), dtype=bool)
-        same = flat_sorted[1:] == flat_sorted[:-1]
-        dup_sorted[1:] |= same
-        dup_sorted[:-1] |= same
-        dup = np.zeros(len(flat), dtype=bool)
-        dup[order] = dup_sorted
-        for j in np.flatnonzero(dup):
-            self._rejected.inc()
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER, _dead(
-                sources[j], cat["lines"][j], "duplicate key for one user",
-                {"user": cat["users"][j], "item": cat["items"][j]}))
-        keep = order[~dup_sorted]
-        self._accepted.inc(len(keep))
-        held_by = user_idx[keep]
-        present = np.unique(held_by)
-        self._users.inc(len(present))
-        sizes = np.bincount(np.searchsorted(present, held_by), minlength=len(present))
-        yield UserBatch(np.concatenate([[0], np.cumsum(sizes)]), cat["keys"][keep], cat["values"][keep],
-                        batch_id=int(shard))
-
-
-class ReadRatings(beam.PTransform):
-    """``pattern -> {"users": UserBatch, "dead_letter": dict, "dictionary": [str]}``.
-
-    ``key_dictionary``: the public list of item ids (index = key); ``None``
-    derives it from the data (sorted distinct items), which is convenient for
-    experiments but tells the collector which items anyone rated.
-    """
-
-    def __init__(self, pattern: str, rating_range=(-1.0, 1.0), key_dictionary: Sequence[str] | None = None,
-                 fmt: str | None = None, user_col: str = "user", item_col: str = "item",
-                 rating_col: str = "rating", shards: int = 16, label: str | None = None):
-        super().__init__(label)
-        if shards < 1:
-            raise ValueError("shards must be >= 1")
-        if fmt is not None:
-            format_of(pattern, fmt)
-        self._pattern, self._range, self._dictionary = pattern, tuple(rating_range), key_dictionary
-        self._parse = ParseRatingFileFn(fmt, user_col, item_col, rating_col)
-        self._shards = shards
-        self._validate = ValidateAndShardFn(self._range, shards)
-
-    def expand(self, pbegin):
-        parsed = (pbegin
-                  | "Match" >> fileio.MatchFiles(self._pattern)
-                  | "Open" >> fileio.ReadMatches()
-                  | "Parse" >> beam.ParDo(self._parse).with_outputs(DEAD_LETTER, main="rows"))
-        # rows: chunk dicts; dictionary: [item ids] (index = key)
-        if self._dictionary is not None:
-            dictionary = pbegin | "Dictionary" >> beam.Create([list(self._dictionary)])
-        else:
-            dictionary = (parsed.rows
-                          | "Items" >> beam.FlatMap(lambda c: set(c["items"].tolist()))
-                          | "DistinctItems" >> beam.Distinct()
-                          | "SortItems" >> beam.combiners.ToList()
-                          | "Sorted" >> beam.Map(sorted))
-        valid = parsed.rows | "Validate" >> beam.ParDo(
-            self._validate, beam.pvalue.AsSingleton(dictionary)).with_outputs(DEAD_LETTER, main="sharded")
-        # sharded: (shard, chunk) -> users: UserBatch per shard
-        users = (valid.sharded
-                 | "GroupShards" >> beam.GroupByKey()
-                 | "Assemble" >> beam.ParDo(AssembleUsersFn()).with_outputs(DEAD_LETTER, main="users"))
-        dead = ((parsed[DEAD_LETTER], valid[DEAD_LETTER], users[DEAD_LETTER])
-                | "DeadLetters" >> beam.Flatten())
-        return {"users": users.users, DEAD_LETTER: dead, "dictionary": dictionary}
 
 
 class _WriteReportFileFn(beam.DoFn):
@@ -438,10 +161,3 @@ class WriteEstimates(beam.PTransform):
             header = ",".join(fields)
         return lines | "WriteText" >> beam.io.WriteToText(
             self._path, num_shards=1, shard_name_template="", header=header)
-
-
-def write_dead_letters(dead, path: str):
-    """Rejected rows (with reasons) as JSON Lines. Client/ingest side only."""
-    return (dead
-            | "DeadToJson" >> beam.Map(lambda r: json.dumps(r, default=str))
-            | "WriteDead" >> beam.io.WriteToText(path, num_shards=1, shard_name_template=""))
