@@ -102,6 +102,10 @@ class Protocol(abc.ABC):
         """Calibrate round ``round_index``'s counts into the next state
         (returns ``state`` unchanged once the protocol has stopped)."""
 
+    def theoretical_variance(self, n: int, f, m):
+        """No protocol here has a closed-form variance of its final estimates."""
+        return None
+
     def estimates(self, state: ProtocolState) -> Estimates:
         if state.estimates is None:
             raise ValueError("the protocol has not completed a round")

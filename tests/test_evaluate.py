@@ -12,7 +12,7 @@ from pipelines.advise import advise, pckv_prefers_ue
 from pipelines.figures import DPI, FIGSIZE
 from pipelines.presets import PRESETS
 
-SWEEP = ["evaluate", "--mechanisms", "pckv-ue,privkv", "--epsilons", "1,4", "--repeats", "2",
+SWEEP = ["evaluate", "--mechanisms", "pckv-ue,privkvm", "--epsilons", "1,4", "--repeats", "2",
          "--users", "20000", "--keys", "20", "--top-sets", "5", "--parallel", "1", "--seed", "3"]
 
 
@@ -28,7 +28,7 @@ def test_tiny_sweep_csv_and_figures(tmp_path, capsys):
     assert set(rows[0]) == {"mechanism", "epsilon", "repeat", "metric", "key_set", "value", "theory",
                             "dataset", "n_users"}
     cells = {(r["mechanism"], float(r["epsilon"]), int(r["repeat"])) for r in rows}
-    assert cells == {(m, e, r) for m in ("pckv-ue", "privkv") for e in (1.0, 4.0) for r in (0, 1)}
+    assert cells == {(m, e, r) for m in ("pckv-ue", "privkvm") for e in (1.0, 4.0) for r in (0, 1)}
     per_cell = {c: [r for r in rows if (r["mechanism"], float(r["epsilon"]), int(r["repeat"])) == c] for c in cells}
     expected = {("mse_frequency", "all"), ("mse_mean", "all"), ("mse_frequency", "top5"), ("mse_mean", "top5"),
                 ("ncr", "top5"), ("mse_frequency_found", "top5"), ("mse_mean_found", "top5")}
@@ -51,7 +51,7 @@ def test_tiny_sweep_csv_and_figures(tmp_path, capsys):
         has_theory = r["mechanism"] == "pckv-ue" and r["metric"] in ("mse_frequency", "mse_mean")
         assert (r["theory"] != "") == has_theory, r
     # the measured MSE falls with epsilon, as every curve of the papers
-    for mech in ("pckv-ue", "privkv"):
+    for mech in ("pckv-ue", "privkvm"):
         lo = np.mean([float(r["value"]) for r in rows if r["mechanism"] == mech and r["metric"] == "mse_frequency"
                       and r["key_set"] == "all" and float(r["epsilon"]) == 1.0])
         hi = np.mean([float(r["value"]) for r in rows if r["mechanism"] == mech and r["metric"] == "mse_frequency"
