@@ -22,7 +22,6 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=7", "gcp-storage-emulator>=2026.7.18"],
-        "flink": [],
     },
     entry_points={"console_scripts": ["kvldp = pipelines.cli:main"]},
 )

@@ -58,9 +58,10 @@ def add_mechanism_args(parser: argparse.ArgumentParser, single: bool = True):
     opts.add_argument("--max-rounds", type=int, default=None, help="PrivKVM+: at most this many rounds (default 10)")
     opts.add_argument("--default-value", type=float, default=None, help="F2M: value of absent keys (default 1)")
     opts.add_argument("--ioh-keys", default=None, help="IOH: comma-separated keys (most significant first)")
-    opts.add_argument("--top", type=int, default=None,
-                      help="KS-GRR/KS-Adap: t, the candidates are the top 2t keys (default 20); also the "
-                           "top-t set of the accuracy summary (default 50)")
+    if single:   # a sweep takes --top as its list of top-t sets (and KS's t from the largest)
+        opts.add_argument("--top", type=int, default=None,
+                          help="KS-GRR/KS-Adap: t, the candidates are the top 2t keys (default 20); also the "
+                               "top-t set of the accuracy summary (default 50)")
     opts.add_argument("--group-split", type=float, default=None, help="KS-GRR: share of users in group 1 (0.5)")
     opts.add_argument("--group-shares", default=None, help="KS-Adap: three group shares (default 0.4,0.1,0.5)")
     opts.add_argument("--coverage", type=float, default=None,

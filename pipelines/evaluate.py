@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--out", required=True, help="folder for results.csv, runs/ and the figures")
     parser.add_argument("--parallel", type=int, default=min(2, os.cpu_count() or 1),
                         help="cells run at once, each in its own process")
-    parser.add_argument("--top-sets", default=None, help="top-t key sets to score, e.g. 20,50 (default 50)")
+    parser.add_argument("--top", "--top-sets", dest="top_sets", default=None,
+                        help="top-t key sets to score, e.g. 20,50 (default 50); KS-GRR/KS-Adap use the largest as t")
     common.add_mechanism_args(parser, single=False)
     common.add_dataset_args(parser)
     parser.set_defaults(users=None, keys=None, dataset=None)     # so a preset can fill them
@@ -110,12 +111,16 @@ def run_cell(cell, args, beam_args, out_dir: str):
     cell_args.seed = (args.seed or 0) + repeat
     cell_args.output = os.path.join(out_dir, "runs", f"{name}_eps{eps:g}_r{repeat}.jsonl")
     cell_args.query, cell_args.fanout = [], None
+    cell_args.top = max(top_sets(args))        # KS-GRR/KS-Adap: candidates cover the largest set
     cell_args.lenient = True                 # a sweep mixes mechanisms: drop options one does not take
     out = simulate.execute(cell_args, beam_args)
     n_users = out["n_users"] or out["stats"].get("users_assembled") or args.users
     info = {"mechanism": name, "epsilon": eps, "repeat": repeat, "dataset": out["dataset"], "n_users": n_users}
-    tops = [int(t) for t in str(args.top_sets).split(",")]
-    return score(out["records"], out["mechanism"], n_users, tops, info)
+    return score(out["records"], out["mechanism"], n_users, top_sets(args), info)
+
+
+def top_sets(args) -> list[int]:
+    return [int(t) for t in str(args.top_sets).split(",")]
 
 
 def run(args, beam_args) -> dict:
