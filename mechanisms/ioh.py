@@ -186,7 +186,7 @@ class IOH(Mechanism):
     def estimate(self, counts: np.ndarray) -> Estimates:
         """Marginal frequency and mean of each chosen key (the unconditional
         query); conditional ones come from :mod:`mechanisms.query`."""
-        from .query import CellTable
+        from .query import CellTable      # query builds on this module: import here, not at the top
 
         table = CellTable.from_counts(self, counts)
         rows = [table.marginal(j) for j in range(self.k)]

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 
+from mechanisms import registry
 from mechanisms.local import run_local
 from pipelines import common
 from pipelines.graphs import collect_estimates
@@ -42,8 +43,6 @@ def _beam_run(args, beam_args, dataset, mechanism) -> tuple[float, np.ndarray]:
 
 def run(args, beam_args) -> dict:
     dataset = common.SyntheticDataset(args.dataset.split("-", 1)[1], n_users=args.users, d=args.keys, seed=args.seed)
-    from mechanisms import registry
-
     mechanism = registry.make(args.mechanism, args.keys, args.epsilon, padding=args.padding)
     numpy_s, beam_s = [], []
     for _ in range(args.repeats):

@@ -3,13 +3,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import os
 import sys
+import tempfile
+import uuid
 from typing import Sequence
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptions, PipelineOptions, StandardOptions
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from mechanisms import registry
 from mechanisms.datasets import DEFAULT_BATCH_SIZE, Dataset, SyntheticDataset, load_clothing, load_movielens_100k
@@ -30,8 +35,6 @@ def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
     options = PipelineOptions(list(beam_args))
     if options.view_as(StandardOptions).runner is not None:
         return beam.Pipeline(options=options)
-    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-
     direct = options.view_as(DirectOptions)
     if not any(a.startswith("--direct_num_workers") for a in beam_args):
         direct.direct_num_workers = min(2, os.cpu_count() or 1)
@@ -103,8 +106,6 @@ def parse_range(text: str) -> tuple[float, float]:
 
 
 def read_dictionary(path: str) -> list[str]:
-    from apache_beam.io.filesystems import FileSystems
-
     with FileSystems.open(path) as fh:
         names = [line.strip() for line in fh.read().decode("utf-8").splitlines() if line.strip()]
     if len(set(names)) != len(names):
@@ -163,12 +164,6 @@ def scratch_path(beam_args: Sequence[str], name: str) -> str:
     """A fresh path for an intermediate file both the workers and this
     process can reach: under ``--temp_location`` when given (remote
     runners), else in a local temporary directory."""
-    import tempfile
-    import uuid
-
-    from apache_beam.io.filesystems import FileSystems
-    from apache_beam.options.pipeline_options import GoogleCloudOptions
-
     temp = PipelineOptions(list(beam_args)).view_as(GoogleCloudOptions).temp_location
     if temp:
         return FileSystems.join(temp, f"kvldp-{uuid.uuid4().hex}", name)
@@ -280,17 +275,11 @@ def key_frequencies(args, beam_args, dataset: Dataset | None, dictionary) -> np.
      | "Sum" >> beam.CombineGlobally(sum)
      | "Save" >> beam.Map(_save_array, path))
     p.run().wait_until_finish()
-    from apache_beam.io.filesystems import FileSystems
-
     with FileSystems.open(path) as fh:
         return np.load(fh)
 
 
 def _save_array(array, path: str):
-    import io
-
-    from apache_beam.io.filesystems import FileSystems
-
     buf = io.BytesIO()
     np.save(buf, array)
     with FileSystems.create(path) as fh:

@@ -20,9 +20,10 @@ import os
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from mechanisms import metrics, registry
-from pipelines import common, simulate
+from pipelines import common, figures, simulate
 from pipelines.presets import PRESETS
 
 FIELDS = ["mechanism", "epsilon", "repeat", "metric", "key_set", "value", "theory", "dataset", "n_users"]
@@ -124,10 +125,6 @@ def top_sets(args) -> list[int]:
 
 
 def run(args, beam_args) -> dict:
-    from tqdm import tqdm
-
-    from pipelines import figures
-
     args = apply_preset(args)
     out_dir = Path(args.out)
     (out_dir / "runs").mkdir(parents=True, exist_ok=True)

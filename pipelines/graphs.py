@@ -10,7 +10,9 @@ from apache_beam.pvalue import AsSingleton
 from mechanisms.base import Estimates, Mechanism
 from mechanisms.datasets import truth_counts, truth_from_counts
 from mechanisms.protocol import Protocol
-from schemas.records import estimate_records
+import schemas
+from mechanisms.query import pattern_truth
+from schemas.records import estimate_records, ioh_counts_record
 from transforms.accumulate import Accumulate, ArraySumCombineFn, Calibrate
 from transforms.rounds import RunProtocol
 
@@ -53,10 +55,6 @@ def collect_estimates(reports, mechanism: Mechanism, key_names, fanout: int | No
 def ioh_counts_file(counts, users, mechanism, key_names, path: str):
     """Write an IOH run's bit sums (and, with ``users``, the simulated truth)
     as ``ioh_counts.avsc`` for ``kvldp query``."""
-    import schemas
-    from mechanisms.query import pattern_truth
-    from schemas.records import ioh_counts_record
-
     extra = []
     if users is not None:
         size = 2 ** mechanism.k * (1 + mechanism.k)

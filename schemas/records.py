@@ -9,6 +9,9 @@ import numpy as np
 
 import schemas
 from mechanisms.base import Estimates, ReportBatch
+from mechanisms.ioh import PackedReportBatch, packed_width
+from mechanisms.oracles import OLHReportBatch
+from mechanisms.protocol import ProtocolState
 
 
 def _opt(x) -> float | None:
@@ -42,9 +45,6 @@ def estimate_records(est: Estimates, key_names: Sequence[str], true_frequency=No
 
 def report_schema(reports) -> str:
     """The schema name a report batch is written with."""
-    from mechanisms.ioh import PackedReportBatch
-    from mechanisms.oracles import OLHReportBatch
-
     if isinstance(reports, PackedReportBatch):
         return schemas.IOH_REPORT
     if isinstance(reports, OLHReportBatch):
@@ -74,8 +74,6 @@ def report_records(reports) -> Iterable[dict]:
 
 def packed_reports_from_records(records: Sequence[dict], n_cells: int, batch_id: int = 0):
     """Inverse of :func:`report_records` for IOH: rows of equal width."""
-    from mechanisms.ioh import PackedReportBatch, packed_width
-
     width = packed_width(n_cells)
     raw = b"".join(r["bits"] for r in records)
     if len(raw) != width * len(records):
@@ -84,8 +82,6 @@ def packed_reports_from_records(records: Sequence[dict], n_cells: int, batch_id:
 
 
 def olh_reports_from_records(records: Sequence[dict], batch_id: int = 0):
-    from mechanisms.oracles import OLHReportBatch
-
     return OLHReportBatch([r["a"] for r in records], [r["b"] for r in records], [r["y"] for r in records],
                           batch_id)
 
@@ -122,8 +118,6 @@ def broadcast_records(state, config: dict, key_names: Sequence[str]) -> list[dic
 
 def state_from_broadcast(records: Sequence[dict], key_names: Sequence[str], mechanism: str, epsilon: float):
     """Inverse of :func:`broadcast_records`, keys ordered by ``key_names``."""
-    from mechanisms.protocol import ProtocolState
-
     by_key = {r["key"]: r for r in records}
     missing = [k for k in key_names if k not in by_key]
     if missing or len(by_key) != len(key_names):
