@@ -39,6 +39,7 @@ from mechanisms.local import perturb_and_count, run_local
 from mechanisms.metrics import mse, ncr, top_keys, top_t_intersection
 from mechanisms.protocol import ProtocolState, assign_groups, run_protocol_local
 from mechanisms.randomness import batch_rng
+from ldp_audit import all_users
 
 Z = 4.5
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
@@ -102,15 +103,6 @@ def worst_ratio(P):
     return float((P.max(axis=0) / P.min(axis=0)).max())
 
 
-def all_users(d):
-    """Every user: each S ⊆ {0..d-1} (empty and large sets included) with each
-    ±1 assignment. Vertices suffice: every report distribution here is affine
-    in each value v (Disc(v) = +1 w.p. (1+v)/2), so a fractional user is a
-    convex combination of vertex users and cannot have a worse ratio."""
-    for r in range(d + 1):
-        for keys in itertools.combinations(range(d), r):
-            for vals in itertools.product((-1.0, 1.0), repeat=r):
-                yield list(zip(keys, vals))
 
 
 def identical_users(pairs, n, batch_id=0):

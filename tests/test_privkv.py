@@ -17,7 +17,6 @@ key bit comes out 1: the mean of one LPP round is (up to O(1/N) ratio
 bias) ``theta * E[Disc(m~)] + (1 - theta) * m``.
 """
 import functools
-import itertools
 import math
 
 import numpy as np
@@ -33,6 +32,7 @@ from mechanisms.privkv import (FAKE_UNIFORM, PrivKV, PrivKVA, PrivKVMVirtual, lp
 from mechanisms.privkvm import PrivKVM, PrivKVMPlus, expected_mean_recursion
 from mechanisms.protocol import run_protocol_local
 from mechanisms.randomness import batch_rng
+from ldp_audit import all_users, log_worst_ratio
 
 Z = 4.5
 
@@ -504,20 +504,12 @@ def test_privkvm_plus_intermediate_a0_stops_where_the_rule_says():
 # the largest ratio between their components. The fake m~ is not user data
 # (uniform or the public broadcast), so it is fixed per audit.
 
-def all_users(d):
-    """Every key set (empty included) with every +-1 assignment: 3^d users."""
-    for r in range(d + 1):
-        for keys in itertools.combinations(range(d), r):
-            for vals in itertools.product((-1.0, 1.0), repeat=r):
-                yield list(zip(keys, vals))
 
 
 def audit(d, p1, p2, fake):
     P = np.array([lpp_output_probabilities(u, d, p1, p2, fake) for u in all_users(d)])
     assert P.shape == (3 ** d, 3 * d)
-    np.testing.assert_allclose(P.sum(axis=1), 1.0, rtol=0, atol=1e-12)
-    assert np.all(P > 0)
-    return math.log((P.max(axis=0) / P.min(axis=0)).max())
+    return log_worst_ratio(P)
 
 
 EXTREME_FAKES = {2: [[-1.0, 0.3], [0.5, 1.0], [-1.0, 1.0]], 3: [[-1.0, 0.2, 1.0], [0.4, -0.3, 1.0]]}

@@ -14,7 +14,6 @@ P(|z| > 4.5) = 7e-6 per check). Expectations and variances are written out
 from the papers in this file, never read back from the code under test.
 """
 import functools
-import itertools
 import math
 
 import numpy as np
@@ -26,6 +25,7 @@ from mechanisms.local import run_local
 from mechanisms.randomness import batch_rng
 from mechanisms.registry import make
 from mechanisms.sun import F2M, KVOH, KVUE, ratio_estimates, states_of
+from ldp_audit import all_users, log_worst_ratio
 
 Z = 4.5
 
@@ -102,21 +102,13 @@ def z_scores(samples, truth):
 # largest ratio between their components. The empty key set is one of the
 # 3^d users enumerated.
 
-def all_users(d):
-    """Every key set (empty included) with every +-1 assignment: 3^d users."""
-    for r in range(d + 1):
-        for keys in itertools.combinations(range(d), r):
-            for vals in itertools.product((-1.0, 1.0), repeat=r):
-                yield list(zip(keys, vals))
 
 
 def audit(mech):
     """ln of the worst P(y|S)/P(y|S') over all pairs of users and outputs y."""
     P = np.array([mech.output_probabilities(u) for u in all_users(mech.d)])
     assert P.shape == (3 ** mech.d, mech.d * len(mech.symbols))
-    np.testing.assert_allclose(P.sum(axis=1), 1.0, rtol=0, atol=1e-12)
-    assert np.all(P > 0)
-    return math.log((P.max(axis=0) / P.min(axis=0)).max())
+    return log_worst_ratio(P)
 
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
