@@ -188,3 +188,39 @@ def test_read_ratings_avro_and_jsonl_agree_with_csv(tmp_path):
     assert seen["csv"] == seen["jsonl"] == seen["avro"]
     batches = json.loads(seen["csv"])
     assert sum(len(sizes) for _, sizes, _, _ in batches) == 2      # u3 rejected: C twice
+
+
+def _stream_of(batches, spacing=10):
+    """Batches arriving over event time, one every ``spacing`` seconds."""
+    from apache_beam.testing.test_stream import TestStream
+    from apache_beam.transforms import window
+
+    stream = TestStream()
+    for i, b in enumerate(batches):
+        stream = stream.advance_watermark_to(spacing * i).add_elements(
+            [window.TimestampedValue(b, spacing * i + 1)])
+    return stream.advance_watermark_to_infinity()
+
+
+def test_streaming_windows_and_early_firings():
+    """On the streaming DirectRunner: report batches arriving over event time
+    are counted per fixed window, and with early firings (accumulating) the
+    last pane holds every report of its window."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.transforms import trigger, window
+
+    mech = registry.make("pckv-grr", 10, 1.0)
+    data = SyntheticDataset("uu", n_users=4_000, d=10, seed=3)
+    batches = [data.batch(*s) for s in data.specs(1_000)]
+    with beam.Pipeline(runner="DirectRunner", options=PipelineOptions(["--streaming"])) as p:
+        counts = (p | _stream_of(batches) | beam.WindowInto(window.FixedWindows(20))
+                  | Perturb(mech, seed=1) | Accumulate(mech, windowed=True) | beam.Map(lambda c: int(c[0])))
+        assert_that(counts, lambda got: _assert(sorted(got) == [2_000, 2_000], got))
+    with beam.Pipeline(runner="DirectRunner", options=PipelineOptions(["--streaming"])) as p:
+        panes = (p | _stream_of(batches)
+                 | beam.WindowInto(window.GlobalWindows(),
+                                   trigger=trigger.Repeatedly(trigger.AfterCount(1)),
+                                   accumulation_mode=trigger.AccumulationMode.ACCUMULATING)
+                 | Perturb(mech, seed=1) | Accumulate(mech, windowed=True) | beam.Map(lambda c: int(c[0])))
+        # each firing reports the running total of users seen so far
+        assert_that(panes, lambda got: _assert(len(got) >= 2 and max(got) == 4_000 and min(got) >= 1_000, got))
