@@ -30,3 +30,19 @@ def log_worst_ratio(P) -> float:
     np.testing.assert_allclose(P.sum(axis=1), 1.0, rtol=0, atol=1e-12)
     assert np.all(P > 0)
     return math.log((P.max(axis=0) / P.min(axis=0)).max())
+
+
+def check_vertex_argument(mech, eps: float, users_per_size: int):
+    """The premise of enumerating vertices only: a report distribution is
+    affine in each held value, and users with fractional values stay within
+    ``eps``."""
+    for v in (-0.6, 0.0, 0.35):
+        mixed = mech.output_probabilities([(0, 1.0), (2, v)])
+        plus = mech.output_probabilities([(0, 1.0), (2, 1.0)])
+        minus = mech.output_probabilities([(0, 1.0), (2, -1.0)])
+        np.testing.assert_allclose(mixed, (1 + v) / 2 * plus + (1 - v) / 2 * minus, rtol=1e-12, atol=0)
+    rng = np.random.default_rng(7)
+    users = [[(int(k), rng.uniform(-1, 1)) for k in sorted(rng.choice(3, size=s, replace=False))]
+             for s in (0, 1, 2, 3) for _ in range(users_per_size)]
+    P = np.array([mech.output_probabilities(u) for u in users])
+    assert math.log((P.max(axis=0) / P.min(axis=0)).max()) <= eps + 1e-9

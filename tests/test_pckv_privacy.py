@@ -17,7 +17,6 @@ a ratio of convex combinations never exceeds the worst vertex ratio
 Finally ``output_probabilities`` is checked against ``perturb``: the audit is
 only meaningful if it describes the distribution the client really draws.
 """
-import math
 
 import numpy as np
 import pytest
@@ -25,7 +24,7 @@ import pytest
 from mechanisms.base import UserBatch
 from mechanisms.pckv import PCKVGRR, PCKVUE, PCKVParams
 from mechanisms.randomness import batch_rng
-from ldp_audit import all_users, log_worst_ratio
+from ldp_audit import all_users, check_vertex_argument, log_worst_ratio
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
 # UE enumerates 3^(d+l) outputs: keep d + l <= 5.
@@ -97,18 +96,7 @@ def test_theorems_are_exact_for_arbitrary_parameters(cls, d, l):
 def test_output_probabilities_affine_in_values(cls):
     """The vertex argument: P(y | v) = (1+v)/2 P(y | +1) + (1-v)/2 P(y | -1),
     and fractional users stay within the audited budget."""
-    eps = 1.0
-    mech = cls(3, eps, padding=2)
-    for v in (-0.6, 0.0, 0.35):
-        mixed = mech.output_probabilities([(0, 1.0), (2, v)])
-        plus = mech.output_probabilities([(0, 1.0), (2, 1.0)])
-        minus = mech.output_probabilities([(0, 1.0), (2, -1.0)])
-        np.testing.assert_allclose(mixed, (1 + v) / 2 * plus + (1 - v) / 2 * minus, rtol=1e-12, atol=0)
-    rng = np.random.default_rng(7)
-    users = [[(k, rng.uniform(-1, 1)) for k in sorted(rng.choice(3, size=s, replace=False))]
-             for s in (0, 1, 2, 3) for _ in range(3)]
-    P = np.array([mech.output_probabilities(u) for u in users])
-    assert math.log((P.max(axis=0) / P.min(axis=0)).max()) <= eps + 1e-9
+    check_vertex_argument(cls(3, 1.0, padding=2), 1.0, users_per_size=3)
 
 
 # ----------------------------------------- perturb draws that distribution --

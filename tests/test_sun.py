@@ -25,7 +25,7 @@ from mechanisms.local import run_local
 from mechanisms.randomness import batch_rng
 from mechanisms.registry import make
 from mechanisms.sun import F2M, KVOH, KVUE, ratio_estimates, states_of
-from ldp_audit import all_users, log_worst_ratio
+from ldp_audit import all_users, check_vertex_argument, log_worst_ratio
 
 Z = 4.5
 
@@ -165,18 +165,7 @@ def test_audit_catches_wrong_probabilities(eps):
 @pytest.mark.parametrize("cls", [KVUE, KVOH, F2M])
 def test_output_probabilities_affine_in_values(cls):
     """The vertex argument's premise; fractional users stay within budget."""
-    eps = 1.0
-    mech = cls(3, eps)
-    for v in (-0.6, 0.0, 0.35):
-        mixed = mech.output_probabilities([(0, 1.0), (2, v)])
-        plus = mech.output_probabilities([(0, 1.0), (2, 1.0)])
-        minus = mech.output_probabilities([(0, 1.0), (2, -1.0)])
-        np.testing.assert_allclose(mixed, (1 + v) / 2 * plus + (1 - v) / 2 * minus, rtol=1e-12, atol=0)
-    rng = np.random.default_rng(7)
-    users = [[(int(k), rng.uniform(-1, 1)) for k in sorted(rng.choice(3, size=s, replace=False))]
-             for s in (0, 1, 2, 3) for _ in range(4)]
-    P = np.array([mech.output_probabilities(u) for u in users])
-    assert math.log((P.max(axis=0) / P.min(axis=0)).max()) <= eps + 1e-9
+    check_vertex_argument(cls(3, 1.0), 1.0, users_per_size=4)
 
 
 def test_symbol_probabilities_by_hand():
