@@ -198,7 +198,10 @@ class ValidateAndShardFn(beam.DoFn):
                 {"user": chunk["users"][j], "item": chunk["items"][j], "rating": _finite_or_str(r[j])}))
         ok = ~bad
         users = chunk["users"][ok]
-        shard = np.fromiter((stable_shard(u, self._shards) for u in users), dtype=np.int64, count=len(users))
+        # hash each distinct user once: a chunk holds many rows per user
+        distinct, row_user = np.unique(users.astype(str), return_inverse=True)
+        shard = np.fromiter((stable_shard(u, self._shards) for u in distinct), dtype=np.int64,
+                            count=len(distinct))[row_user]
         sub = {"source": chunk["source"], "lines": chunk["lines"][ok], "users": users, "items": chunk["items"][ok],
                "keys": keys[ok], "values": normalise(r[ok], self._range)}
         for s in np.unique(shard):
