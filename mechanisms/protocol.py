@@ -8,11 +8,20 @@ and Python, so the Beam layer can carry it from stage to stage as a side
 input; a protocol that decides its number of rounds from the data
 (PrivKVM+) sets ``stopped``, after which rounds spend no budget and no user
 reports.
+
+A protocol that splits users into groups (KS-GRR, KS-Adap) must give every
+round the same split, or a user lands in two groups and spends eps twice.
+The split is a function of a per-collection key (``Collection``) that round
+1 fixes and every later round reads back from the state, never of a
+per-invocation seed.
 """
 from __future__ import annotations
 
 import abc
 import dataclasses
+import hashlib
+import json
+import secrets
 from typing import Any, ClassVar, Mapping
 
 import numpy as np
@@ -21,6 +30,57 @@ from .base import Estimates, ReportBatch, UserBatch
 from .budget import BudgetLedger
 from .datasets import DEFAULT_BATCH_SIZE, Dataset, truth_counts
 from .randomness import STREAM_GROUP, batch_rng
+
+
+@dataclasses.dataclass(frozen=True)
+class Collection:
+    """What every round of one collection must agree on.
+
+    ``id`` (128 bits, hex) keys the assignment of users to groups; it is
+    public (the collector learns the groups anyway from who reports when) and
+    independent of the perturbation seed, which stays secret. ``layout``
+    says how users were batched (their identity is (batch, position)), so a
+    later round that batches differently is refused instead of silently
+    regrouping users.
+    """
+
+    id: str
+    layout: str = ""
+
+    def __post_init__(self):
+        try:
+            ok = len(self.id) == 32 and int(self.id, 16) >= 0
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(f"a collection id is 32 hex digits, got {self.id!r}")
+
+    @classmethod
+    def fresh(cls, layout: str = "") -> "Collection":
+        """A new collection id from the OS's CSPRNG."""
+        return cls(secrets.token_hex(16), layout)
+
+    @classmethod
+    def from_seed(cls, seed: int, layout: str = "") -> "Collection":
+        """The id a seeded run uses: SHA-256 of the seed under a domain tag, so
+        split rounds reproduce the one-pipeline run while the id reveals
+        nothing about the (secret) seed."""
+        digest = hashlib.sha256(b"kvldp/collection/" + int(seed).to_bytes(16, "big", signed=False)).hexdigest()
+        return cls(digest[:32], layout)
+
+    @property
+    def key(self) -> int:
+        return int(self.id, 16)
+
+    def to_json(self) -> str:
+        return json.dumps({"id": self.id, "layout": self.layout}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Collection | None":
+        if not text:
+            return None
+        raw = json.loads(text)
+        return cls(raw["id"], raw.get("layout", ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +93,7 @@ class ProtocolState:
     epsilon_spent: float
     estimates: Estimates | None
     extra: tuple = ()                     # protocol-level values, as (name, number) pairs
+    collection: Collection | None = None  # fixed by round 1, carried by every later state
 
     def get(self, name: str, default=None):
         return dict(self.extra).get(name, default)
@@ -41,7 +102,7 @@ class ProtocolState:
         if not isinstance(other, ProtocolState):
             return NotImplemented
         return (self.rounds_done == other.rounds_done and self.stopped == other.stopped
-                and self.epsilon_spent == other.epsilon_spent
+                and self.epsilon_spent == other.epsilon_spent and self.collection == other.collection
                 and _eq(self.broadcast, other.broadcast) and self.extra == other.extra
                 and _eq(None if self.estimates is None else self.estimates.frequency,
                         None if other.estimates is None else other.estimates.frequency))
@@ -65,15 +126,23 @@ class Protocol(abc.ABC):
     group_shares: tuple[float, ...] | None = None
     round_groups: tuple[int, ...] = ()
 
-    def initial_state(self) -> ProtocolState:
-        return ProtocolState(0, None, False, 0.0, None)
+    def initial_state(self, collection: Collection | None = None) -> ProtocolState:
+        return ProtocolState(0, None, False, 0.0, None, collection=collection)
 
-    def participants(self, round_index: int, users: UserBatch, seed: int) -> UserBatch:
-        """The users of ``users`` who take part in round ``round_index``."""
+    def participants(self, round_index: int, users: UserBatch, state: ProtocolState) -> UserBatch:
+        """The users of ``users`` who take part in round ``round_index``: their
+        group under ``state.collection`` (the same in every round)."""
         if self.group_shares is None:
             return users
-        groups = assign_groups(seed, users.batch_id, users.n_users, self.group_shares)
+        if state.collection is None:
+            raise ValueError(f"{self.name} splits users into groups: its state needs the collection "
+                             "(fixed by round 1) that assigns them")
+        groups = assign_groups(state.collection.key, users.batch_id, users.n_users, self.group_shares)
         return users.subset(groups == self.round_groups[round_index])
+
+    def next_state(self, round_index: int, state: ProtocolState, counts: np.ndarray) -> ProtocolState:
+        """``advance``, keeping the collection: what every runner calls."""
+        return dataclasses.replace(self.advance(round_index, state, counts), collection=state.collection)
 
     @abc.abstractmethod
     def perturb(self, round_index: int, users: UserBatch, rng: np.random.Generator,
@@ -123,11 +192,11 @@ class Protocol(abc.ABC):
         return f"{type(self).__name__}({args})"
 
 
-def assign_groups(seed: int, batch_id: int, n_users: int, shares) -> np.ndarray:
-    """Stable, seeded group of every user of a batch: a pure function of
-    (seed, batch, position), so the groups are disjoint, cover everyone, and
+def assign_groups(key: int, batch_id: int, n_users: int, shares) -> np.ndarray:
+    """Stable group of every user of a batch: a pure function of (collection
+    key, batch, position), so the groups are disjoint, cover everyone, and
     every round (and a retried bundle) sees the same assignment."""
-    u = batch_rng(seed, batch_id, STREAM_GROUP).random(n_users)
+    u = batch_rng(key, batch_id, STREAM_GROUP).random(n_users)
     return np.searchsorted(np.cumsum(shares)[:-1], u, side="right").astype(np.int8)
 
 
@@ -147,10 +216,11 @@ class ProtocolResult:
 def run_protocol_local(protocol: Protocol, dataset: Dataset, seed: int,
                        batch_size: int = DEFAULT_BATCH_SIZE) -> ProtocolResult:
     """Run every round over ``dataset`` in this process (the same users each
-    round; batch ``b`` of round ``r`` uses ``batch_rng(seed, b, round=r)``)."""
+    round; batch ``b`` of round ``r`` uses ``batch_rng(seed, b, round=r)``;
+    groups come from ``Collection.from_seed(seed)``)."""
     if dataset.d != protocol.d:
         raise ValueError(f"dataset has d={dataset.d} keys but the protocol expects d={protocol.d}")
-    state = protocol.initial_state()
+    state = protocol.initial_state(Collection.from_seed(seed))
     truth = np.zeros(1 + 2 * protocol.d)
     all_counts, states = [], []
     for r in range(protocol.max_rounds):
@@ -163,9 +233,9 @@ def run_protocol_local(protocol: Protocol, dataset: Dataset, seed: int,
             if r == 0:
                 truth += truth_counts(users, protocol.d)
             rng = batch_rng(seed, users.batch_id, round_index=r)
-            mine = protocol.participants(r, users, seed)
+            mine = protocol.participants(r, users, state)
             protocol.accumulate(r, counts, protocol.perturb(r, mine, rng, state))
-        state = protocol.advance(r, state, counts)
+        state = protocol.next_state(r, state, counts)
         all_counts.append(counts)
         states.append(state)
     return ProtocolResult(state, protocol.estimates(state), truth, all_counts, states)

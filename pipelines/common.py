@@ -8,6 +8,7 @@ import os
 import sys
 import tempfile
 import uuid
+import warnings
 from typing import Sequence
 
 import apache_beam as beam
@@ -24,13 +25,20 @@ from transforms.ratings import DEAD_LETTER, ReadRatings
 DATASETS = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr", "clothing", "movielens-100k")
 
 
+SAFE_RUNNING_MODE = "in_memory"
+
+
 def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
     """A pipeline with every Beam option passed through.
 
     Without ``--runner`` it runs on the in-process FnApiRunner (what
     DirectRunner falls back to) so a local batch job never tries to download
-    the Prism binary (DESIGN.md); locally it defaults to two worker threads,
-    the fastest local mode measured here.
+    the Prism binary (DESIGN.md), in ``in_memory`` mode with two workers.
+    ``multi_threading`` is Beam's own default but its data plane flushes from
+    a timer thread in the middle of an element, and the runner then decodes
+    half an element: a runaway allocation or ``Unknown type tag``
+    (``shared/repro/beam_timed_flush.py``). A user who asks for it gets it,
+    with a warning.
     """
     options = PipelineOptions(list(beam_args))
     if options.view_as(StandardOptions).runner is not None:
@@ -39,7 +47,11 @@ def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
     if not any(a.startswith("--direct_num_workers") for a in beam_args):
         direct.direct_num_workers = min(2, os.cpu_count() or 1)
     if not any(a.startswith("--direct_running_mode") for a in beam_args):
-        direct.direct_running_mode = "multi_threading"
+        direct.direct_running_mode = SAFE_RUNNING_MODE
+    elif direct.direct_running_mode == "multi_threading":
+        warnings.warn("--direct_running_mode multi_threading can corrupt elements in Beam's local runner "
+                      "(a timed flush splits an element: runaway memory or 'Unknown type tag'); "
+                      f"the default, {SAFE_RUNNING_MODE}, is safe", RuntimeWarning, stacklevel=2)
     return beam.Pipeline(runner=FnApiRunner(), options=options)
 
 

@@ -19,6 +19,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.pvalue import AsSingleton
 
 import schemas
+from mechanisms.datasets import SyntheticDataset
+from mechanisms.protocol import Collection
 from mechanisms.registry import is_protocol
 from pipelines import common, report
 from pipelines.graphs import estimate_graph, ioh_counts_file, to_records
@@ -34,16 +36,28 @@ def report_prefix(output: str) -> str:
 
 
 def add_round_arguments(parser: argparse.ArgumentParser):
-    rounds = parser.add_argument_group("multi-round protocols (privkvm, privkvm-plus)")
+    rounds = parser.add_argument_group("multi-round protocols (privkvm, privkvm-vi, privkvm-plus, ks-grr, ks-adap)")
     rounds.add_argument("--round", type=int, default=1, help="1-based round number")
     rounds.add_argument("--broadcast", default=None,
                         help="the broadcast file written by the previous round's collect (rounds >= 2)")
+    return rounds
+
+
+def collection_id(text: str) -> str:
+    try:
+        return Collection(text.lower()).id
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_perturb_arguments(parser: argparse.ArgumentParser):
     common.add_mechanism_args(parser)
     common.add_dataset_args(parser)
-    add_round_arguments(parser)
+    add_round_arguments(parser).add_argument(
+        "--collection-id", type=collection_id, default=None,
+        help="32 hex digits keying the users' group assignment: round 1 uses it (default: derived from the "
+             "run seed), later rounds refuse a broadcast that carries another (default: they take the "
+             "broadcast's)")
     parser.add_argument("--input", dest="dataset_input", default=None, help="ratings file/pattern (= --dataset PATH)")
     parser.add_argument("--output", required=True,
                         help="REPORTS.avro: writes REPORTS-NNNNN.avro (one per batch) and REPORTS.keys.txt")
@@ -56,17 +70,22 @@ def read_broadcast(path: str, key_names, protocol):
     state, config = state_from_broadcast(records, key_names, protocol.name, protocol.epsilon)
     if config != json.loads(json.dumps(dict(protocol.config()))):
         raise ValueError(f"{path} was written by {config}, not by {dict(protocol.config())}")
+    if state.collection is None:
+        raise ValueError(f"{path} names no collection (written by an older kvldp?): "
+                         "a later round cannot know round 1's user groups; rerun from round 1")
     return state
 
 
-def protocol_state_for_round(protocol, round_number: int, broadcast: str | None, key_names):
-    """The state round ``round_number`` (1-based) starts from."""
+def protocol_state_for_round(protocol, round_number: int, broadcast: str | None, key_names,
+                             collection: Collection | None = None):
+    """The state round ``round_number`` (1-based) starts from; round 1 starts
+    a new ``collection``, later rounds read theirs from ``broadcast``."""
     if not 1 <= round_number <= protocol.max_rounds:
         raise ValueError(f"--round must be in 1 … {protocol.max_rounds} for {protocol!r}")
     if round_number == 1:
         if broadcast:
             raise ValueError("round 1 takes no --broadcast")
-        return protocol.initial_state()
+        return protocol.initial_state(collection)
     if not broadcast:
         raise ValueError(f"round {round_number} needs --broadcast from round {round_number - 1}'s collect")
     state = read_broadcast(broadcast, key_names, protocol)
@@ -75,6 +94,46 @@ def protocol_state_for_round(protocol, round_number: int, broadcast: str | None,
     if state.stopped:
         raise ValueError(f"the protocol stopped after round {state.rounds_done} "
                          f"(eps spent {state.epsilon_spent:g}); there is no round {round_number}")
+    return state
+
+
+def round_config(protocol, round_index: int, collection: Collection) -> dict:
+    """What a round's reports are pinned to: the protocol's public parameters
+    and the collection (so reports of another collection are refused)."""
+    return {**protocol.config(round_index), "collection": collection.id, "layout": collection.layout}
+
+
+def ingest_layout(args, dataset) -> str:
+    """How the perturbing side turns users into (batch, position): a user's
+    group depends on it, so every round must batch alike."""
+    if dataset is None:
+        return f"ratings shards={args.shards}"
+    return f"{dataset.name} users={dataset.n_users} batch_size={args.batch_size}"
+
+
+def perturb_state(args, protocol, seed: int, dataset, key_names):
+    """The state this perturb round starts from. Round 1 starts a collection
+    (``--collection-id``, else derived from the run seed); later rounds take
+    the broadcast's, after checking that this invocation agrees with round 1
+    on everything that decides the user groups."""
+    layout = ingest_layout(args, dataset)
+    if args.round == 1:
+        collection = Collection(args.collection_id, layout) if args.collection_id else \
+            Collection.from_seed(seed, layout)
+        return protocol_state_for_round(protocol, 1, args.broadcast, key_names, collection)
+    state = protocol_state_for_round(protocol, args.round, args.broadcast, key_names)
+    found = state.collection
+    if args.collection_id and args.collection_id != found.id:
+        raise ValueError(f"--collection-id {args.collection_id} is not round 1's ({found.id}, in the broadcast): "
+                         "refusing to regroup users (each would risk reporting in two groups)")
+    if args.seed is not None and args.collection_id is None and Collection.from_seed(args.seed).id != found.id:
+        raise ValueError("--seed differs from the seed round 1 ran with (the broadcast's collection id does not "
+                         "derive from it): pass round 1's --seed, or drop --seed")
+    if found.layout != layout:
+        raise ValueError(f"round 1 batched users as '{found.layout}', this round as '{layout}': users would "
+                         "fall into other groups; rerun with round 1's --shards/--batch-size/--users")
+    if isinstance(dataset, SyntheticDataset) and args.seed is None:
+        raise ValueError("a synthetic dataset is regenerated from the seed: later rounds need round 1's --seed")
     return state
 
 
@@ -88,18 +147,20 @@ def run_perturb(args, beam_args) -> dict:
     key_names = dataset.key_names if dataset is not None else dictionary
     ioh_keys = common.resolve_ioh_keys(args, beam_args, key_names, dataset, dictionary)
     mechanism = common.make_mechanism(args, len(key_names), dataset, ioh_keys)
+    if is_protocol(mechanism):
+        r = args.round - 1
+        state = perturb_state(args, mechanism, seeds.perturb, dataset, key_names)
+        config = round_config(mechanism, r, state.collection)
+    else:
+        if args.round != 1 or args.broadcast or args.collection_id:
+            raise ValueError(f"{args.mechanism} has a single round: no --round/--broadcast/--collection-id")
+        config = mechanism.config()
     p = common.make_pipeline(beam_args)
     source = common.user_source(p, args, dataset, dictionary)
     if is_protocol(mechanism):
-        r = args.round - 1
-        state = protocol_state_for_round(mechanism, args.round, args.broadcast, key_names)
-        config = mechanism.config(r)
         reports = source.users | "Perturb" >> beam.ParDo(
             ProtocolPerturbFn(mechanism, r, seeds.perturb), AsSingleton(p | "State" >> beam.Create([state])))
     else:
-        if args.round != 1 or args.broadcast:
-            raise ValueError(f"{args.mechanism} has a single round: no --round/--broadcast")
-        config = mechanism.config()
         reports = source.users | "Perturb" >> Perturb(mechanism, seeds.perturb)
     reports | "WriteReports" >> WriteReports(prefix, config)
     (source.key_names | "JoinKeys" >> beam.Map("\n".join)
@@ -113,6 +174,10 @@ def run_perturb(args, beam_args) -> dict:
     print(f"{stats.get('reports_written', 0)} reports of {mechanism!r}"
           f"{f' round {args.round}' if is_protocol(mechanism) else ''} written to {prefix}-*.avro; "
           f"key dictionary {prefix}.keys.txt")
+    if is_protocol(mechanism) and args.round == 1:
+        cid = state.collection.id
+        print(f"collection id {cid} (later rounds read it from the broadcast; pass "
+              f"--collection-id {cid} to make them refuse a broadcast that changes it)")
     return {"prefix": prefix, "stats": stats, "mechanism": mechanism}
 
 
@@ -129,6 +194,26 @@ def add_collect_arguments(parser: argparse.ArgumentParser):
                         help="IOH: where to write the cell counts for kvldp query (default OUTPUT.counts.avro)")
     parser.add_argument("--rows", type=int, default=10)
     parser.add_argument("--fanout", type=int, default=None)
+
+
+def reports_collection(pattern: str) -> Collection:
+    """Round 1's collection, as its reports state it."""
+    found = report_config(pattern)
+    if not found.get("collection"):
+        raise ValueError(f"{pattern}: the reports name no collection (made by an older kvldp?); "
+                         "a multi-round protocol needs one to keep its rounds' user groups apart")
+    return Collection(found["collection"], found.get("layout", ""))
+
+
+def check_collection(pattern: str, expected: dict) -> None:
+    """Refuse reports of another collection with the reason spelled out."""
+    found = report_config(pattern)
+    if (found.get("collection"), found.get("layout")) != (expected["collection"], expected["layout"]):
+        raise ValueError(
+            f"{pattern}: these reports were perturbed under collection {found.get('collection')} "
+            f"({found.get('layout')!r}) but this collection is {expected['collection']} "
+            f"({expected['layout']!r}): users would be grouped differently from round 1 and some would "
+            "report twice; refusing")
 
 
 def run_collect(args, beam_args) -> dict:
@@ -149,9 +234,12 @@ def run_collect(args, beam_args) -> dict:
     broadcast_out, counts_out = None, None
     if is_protocol(mechanism):
         r = args.round - 1
-        previous = protocol_state_for_round(mechanism, args.round, args.broadcast, names)
-        check_report_files(args.input, mechanism.config(r))
-        reports = p | "ReadReports" >> ReadReports(args.input, mechanism.config(r))
+        previous = protocol_state_for_round(mechanism, args.round, args.broadcast, names,
+                                            reports_collection(args.input) if r == 0 else None)
+        expected = round_config(mechanism, r, previous.collection)
+        check_collection(args.input, expected)
+        check_report_files(args.input, expected)
+        reports = p | "ReadReports" >> ReadReports(args.input, expected)
         # reports -> counts of round r -> the state after round r
         state = (reports
                  | "Accumulate" >> beam.CombineGlobally(ProtocolCombineFn(mechanism, r))

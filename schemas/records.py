@@ -11,7 +11,7 @@ import schemas
 from mechanisms.base import Estimates, ReportBatch
 from mechanisms.ioh import PackedReportBatch, packed_width
 from mechanisms.oracles import OLHReportBatch
-from mechanisms.protocol import ProtocolState
+from mechanisms.protocol import Collection, ProtocolState
 
 
 def _opt(x) -> float | None:
@@ -110,7 +110,8 @@ def broadcast_records(state, config: dict, key_names: Sequence[str]) -> list[dic
     for rec, m_next in zip(estimate_records(est, key_names), state.broadcast):
         out.append({"round": int(state.rounds_done), "key": rec["key"], "next_mean": float(m_next),
                     "stopped": bool(state.stopped), "epsilon_spent": float(state.epsilon_spent), "config": cfg,
-                "extra": json.dumps(dict(state.extra)),
+                    "extra": json.dumps(dict(state.extra)),
+                    "collection": "" if state.collection is None else state.collection.to_json(),
                     **{k: rec[k] for k in ("frequency", "mean", "frequency_raw", "mean_raw", "frequency_se",
                                            "mean_se", "n_reports")}})
     return out
@@ -132,8 +133,12 @@ def state_from_broadcast(records: Sequence[dict], key_names: Sequence[str], mech
                     mean_raw=col("mean_raw"), frequency_se=col("frequency_se"), mean_se=col("mean_se"),
                     n_reports=int(rows[0]["n_reports"]), mechanism=mechanism, epsilon=epsilon)
     extra = tuple(sorted(json.loads(rows[0].get("extra") or "{}").items()))
+    collections = {r.get("collection") or "" for r in rows}
+    if len(collections) != 1:
+        raise ValueError("broadcast mixes collections")
     return ProtocolState(rounds.pop(), col("next_mean"), bool(rows[0]["stopped"]),
-                         float(rows[0]["epsilon_spent"]), est, extra), json.loads(rows[0]["config"])
+                         float(rows[0]["epsilon_spent"]), est, extra,
+                         Collection.from_json(collections.pop())), json.loads(rows[0]["config"])
 
 
 def ioh_counts_record(counts, mechanism, key_names: Sequence[str], truth=None) -> dict:

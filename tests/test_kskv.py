@@ -37,7 +37,7 @@ from mechanisms.kskv import (KSGRR, KSUE, KSAdap, grr_p, grr_pairs, grr_q, norm_
                              sample_one_pair)
 from mechanisms.local import perturb_and_count, run_local
 from mechanisms.metrics import mse, ncr, top_keys, top_t_intersection
-from mechanisms.protocol import ProtocolState, assign_groups, run_protocol_local
+from mechanisms.protocol import Collection, ProtocolState, assign_groups, run_protocol_local
 from mechanisms.randomness import batch_rng
 from ldp_audit import all_users
 
@@ -128,10 +128,12 @@ def z_scores(samples, truth):
 
 
 def group_sizes(dataset, seed, shares):
-    """Users per group, from assign_groups over the dataset's batches."""
+    """Users per group, from assign_groups over the dataset's batches, under
+    the collection a run with ``seed`` uses."""
+    key = Collection.from_seed(seed).key
     out = np.zeros(len(shares), dtype=np.int64)
     for b, start, stop in dataset.specs():
-        out += np.bincount(assign_groups(seed, b, stop - start, shares), minlength=len(shares))
+        out += np.bincount(assign_groups(key, b, stop - start, shares), minlength=len(shares))
     return out
 
 
@@ -528,12 +530,14 @@ def test_group_split_is_disjoint_complete_and_seeded(proto):
     shares are within 4 binomial sigma of the configured ones; another seed,
     or another batch, gives an independent assignment (agreement with the
     first ~ sum of squared shares, 4 sigma)."""
-    n, seed = 200_000, 12
+    n = 200_000
+    state = proto.initial_state(Collection.from_seed(12))
+    seed = state.collection.key
     shares = proto.group_shares
     batches = indexed_batches(n, 50_000)
     rounds = range(proto.max_rounds)
-    members = [np.concatenate([proto.participants(r, u, seed).keys for u in batches]) for r in rounds]
-    again = [np.concatenate([proto.participants(r, u, seed).keys for u in batches]) for r in rounds]
+    members = [np.concatenate([proto.participants(r, u, state).keys for u in batches]) for r in rounds]
+    again = [np.concatenate([proto.participants(r, u, state).keys for u in batches]) for r in rounds]
     for a, b in zip(members, again):
         np.testing.assert_array_equal(a, b)
     everyone = np.concatenate(members)

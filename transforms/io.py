@@ -101,19 +101,35 @@ class _ReadReportFileFn(beam.DoFn):
                 yield decode(batch)
 
 
-def report_config(pattern: str) -> dict:
-    """The public parameters stored with the first report file matching ``pattern``."""
+def report_configs(pattern: str) -> dict[str, dict]:
+    """The public parameters stored with every report file matching
+    ``pattern`` (file headers only), by path."""
     matched = FileSystems.match([pattern])[0].metadata_list
     if not matched:
         raise ValueError(f"no report files match {pattern!r}")
-    with FileSystems.open(matched[0].path) as fh:
-        raw = fastavro.reader(fh).metadata.get(CONFIG_METADATA_KEY)
-    return json.loads(raw) if raw else {}
+    out = {}
+    for meta in sorted(matched, key=lambda m: m.path):
+        with FileSystems.open(meta.path) as fh:
+            raw = fastavro.reader(fh).metadata.get(CONFIG_METADATA_KEY)
+        out[meta.path] = json.loads(raw) if raw else {}
+    return out
+
+
+def report_config(pattern: str) -> dict:
+    """The public parameters of the reports matching ``pattern``, which must
+    all agree (reports of two configurations cannot be summed)."""
+    configs = report_configs(pattern)
+    distinct = {json.dumps(c, sort_keys=True): path for path, c in configs.items()}
+    if len(distinct) > 1:
+        (a, path_a), (b, path_b) = list(distinct.items())[:2]
+        raise ValueError(f"{pattern} mixes reports of different configurations: {path_a} was made by {a}, "
+                         f"{path_b} by {b}")
+    return next(iter(configs.values()))
 
 
 def check_report_files(pattern: str, config: Mapping) -> None:
-    """Fail fast, in the driver, when no file matches or the first file's
-    reports were made with other parameters."""
+    """Fail fast, in the driver, when no file matches or the reports were
+    made with other parameters."""
     found, expected = report_config(pattern), dict(config)
     if found != expected:
         raise ValueError(f"{pattern}: reports were made by {found}, but the collector was configured "

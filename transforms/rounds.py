@@ -14,7 +14,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsSingleton
 
-from mechanisms.protocol import Protocol, ProtocolState
+from mechanisms.protocol import Collection, Protocol, ProtocolState
 from mechanisms.randomness import batch_rng
 
 
@@ -30,7 +30,7 @@ class ProtocolPerturbFn(beam.DoFn):
         if state.stopped:
             return
         rng = batch_rng(self._seed, users.batch_id, round_index=self._round)
-        users = self._protocol.participants(self._round, users, self._seed)
+        users = self._protocol.participants(self._round, users, state)
         reports = self._protocol.perturb(self._round, users, rng, state)
         self._users.inc(users.n_users)
         self._reports.inc(reports.n_reports)
@@ -57,7 +57,7 @@ class ProtocolCombineFn(beam.CombineFn):
 
 
 def advance_state(counts, state, protocol: Protocol, round_index: int) -> ProtocolState:
-    return protocol.advance(round_index, state, counts)
+    return protocol.next_state(round_index, state, counts)
 
 
 class RunRound(beam.PTransform):
@@ -82,7 +82,8 @@ class RunProtocol(beam.PTransform):
         self._protocol, self._seed = protocol, seed
 
     def expand(self, users):
-        state = users.pipeline | "InitialState" >> beam.Create([self._protocol.initial_state()])
+        first = self._protocol.initial_state(Collection.from_seed(self._seed))
+        state = users.pipeline | "InitialState" >> beam.Create([first])
         for r in range(self._protocol.max_rounds):
             state = users | f"Round{r + 1}" >> RunRound(self._protocol, r, self._seed, state)
         return state
