@@ -1,19 +1,32 @@
-"""``kvldp advise``: which mechanism for n users, d keys, epsilon (and l).
+"""``kvldp advise``: which mechanism for n users, d keys, epsilon, and which l.
 
 The rule of Gu et al. (PCKV §5.3): for frequencies PCKV-UE beats PCKV-GRR
 when ``2(d - 1) > l(4l - 1)(e^eps + 1)``; PCKV-UE's error does not grow with
 ``d``, PCKV-GRR's does. Next to the rule, the closed-form variances
 (Theorem 4; KS-UE Theorem 4.2) of every mechanism that has one, and the
 standard errors to expect for a key of frequency ``f`` and mean ``m``.
+
+The padding length ``l``: given the users' set sizes (``--set-sizes``, or
+measured from a dataset or ratings file with simulate's flags), advise
+chooses ``l`` by KSKV §4.3's coverage rule (``mechanisms/padding.py``: the
+smallest ``l`` with at least 90 % of the users holding ``<= l`` pairs) and
+shows what each ``l`` costs: the share of users it truncates (their
+frequencies come out times ``l/|S|``) against the standard error, which
+grows with ``l``. An explicit ``--padding`` is checked the same way.
 """
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import math
 
 import numpy as np
 
 from mechanisms import registry
+from mechanisms.padding import DEFAULT_COVERAGE, MAX_PADDING, check_padding, choose_padding
+from pipelines import common
+from pipelines.padding import data_set_sizes, describe_sizes, parse_set_sizes, warn_truncation
 
 CANDIDATES = ("pckv-ue", "pckv-grr", "ks-ue")
 
@@ -33,7 +46,28 @@ def compare(n: int, d: int, epsilon: float, l: int, f: float, m: float) -> list[
     return out
 
 
-def advise(n: int, d: int, epsilon: float, l: int = 1, f: float | None = None, m: float = 0.0) -> dict:
+def choose_l(l, set_sizes, coverage: float = DEFAULT_COVERAGE) -> tuple[int, bool]:
+    """``(l, chosen)``: an explicit ``l`` as given; ``None`` or ``auto``: the
+    coverage rule on ``set_sizes`` (1 without them; ``auto`` needs them)."""
+    if l is None or l == common.AUTO_PADDING:
+        if set_sizes is not None:
+            return choose_padding(set_sizes, coverage), True
+        if l == common.AUTO_PADDING:
+            raise ValueError("--padding auto needs the set sizes: --set-sizes or --dataset")
+        return 1, False
+    return int(l), False
+
+
+def advise(n: int, d: int, epsilon: float, l=None, f: float | None = None, m: float = 0.0,
+           set_sizes=None, coverage: float = DEFAULT_COVERAGE) -> dict:
+    """The recommendation for ``n`` users, ``d`` keys and ``epsilon``.
+
+    ``l``: the padding (``None`` or ``auto``: chosen from ``set_sizes``, the
+    users' set-size histogram, else 1). With ``set_sizes`` the result has a
+    ``padding`` entry: the truncation at ``l`` (``PaddingCheck``) and a
+    ``padding_table`` of (l, truncated share, lost pair mass, frequency s.e.
+    of the recommended mechanism) for the ``l`` around the choice."""
+    l, chosen = choose_l(l, set_sizes, coverage)
     if n < 1 or d < 1 or l < 1:
         raise ValueError("need n >= 1, d >= 1 and l >= 1")
     f = 1.0 / d if f is None else f
@@ -47,24 +81,82 @@ def advise(n: int, d: int, epsilon: float, l: int = 1, f: float | None = None, m
         gain = 1 - by_name["ks-ue"]["frequency_se"] / by_name[choice]["frequency_se"]
         reason += (f"; KS-UE (Zhao et al. 2024) tilts the budget to the key and lowers the frequency "
                    f"s.e. by a further {gain:.0%}, at some cost to the mean")
-    return {"recommendation": choice, "reason": reason, "candidates": rows, "f": f, "m": m}
+    out = {"recommendation": choice, "reason": reason, "candidates": rows, "f": f, "m": m,
+           "l": l, "l_chosen": chosen, "padding": None, "padding_table": []}
+    if set_sizes is not None:
+        check = check_padding(set_sizes, l, coverage)
+        out["padding"] = dataclasses.asdict(check)
+        for k in range(1, min(max(l, check.suggested, 2) + 1, MAX_PADDING) + 1):
+            var_f, _ = registry.make(choice, d, epsilon, padding=k).theoretical_variance(n, np.array([f]),
+                                                                                       np.array([m]))
+            at = check_padding(set_sizes, k, coverage)
+            out["padding_table"].append({"l": k, "truncated": at.truncated_fraction,
+                                         "lost_pairs": at.lost_pair_fraction,
+                                         "frequency_se": float(np.sqrt(var_f[0]))})
+    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser):
-    parser.add_argument("--users", type=int, required=True, help="n")
-    parser.add_argument("--keys", type=int, required=True, help="d")
     parser.add_argument("--epsilon", type=float, required=True)
-    parser.add_argument("--padding", "-l", type=int, default=1, help="l (about the typical number of pairs)")
+    parser.add_argument("--padding", "-l", type=common.parse_padding, default=None,
+                        help="l to check; 'auto' or omitted: chosen from the set sizes when given (else 1)")
+    parser.add_argument("--set-sizes", default=None,
+                        help="the users' set-size histogram as size:users, e.g. 1:500,2:300,3:200")
+    parser.add_argument("--coverage", type=float, default=DEFAULT_COVERAGE,
+                        help="the chosen l covers at least this share of the users (0.9, KSKV §4.3)")
     parser.add_argument("--frequency", type=float, default=None, help="a key's frequency (default 1/d)")
     parser.add_argument("--mean", type=float, default=0.0, help="a key's mean value (default 0)")
+    # n and d, or a dataset / ratings file to measure them and the set sizes from
+    common.add_dataset_args(parser, default=None)
+    parser.set_defaults(users=None, keys=None)
+
+
+def measure(args, beam_args) -> tuple[int, int, np.ndarray]:
+    """``(n, d, set-size histogram)`` of ``--dataset`` (ingest side: raw data)."""
+    data_args = copy.copy(args)
+    data_args.users = args.users or 1_000_000
+    data_args.keys = args.keys or 100
+    dataset = common.built_in_dataset(data_args, common.Seeds.from_arg(args.seed).data)
+    if dataset is not None:
+        return dataset.n_users, dataset.d, data_set_sizes(data_args, beam_args, dataset, None)
+    dictionary, hist = common.key_dictionary_and_sizes(data_args, beam_args)
+    if hist is None:
+        hist = data_set_sizes(data_args, beam_args, None, dictionary)
+    return int(hist.sum()), len(dictionary), hist
 
 
 def run(args, beam_args) -> dict:
-    out = advise(args.users, args.keys, args.epsilon, args.padding, args.frequency, args.mean)
+    hist = None
+    n, d = args.users, args.keys
+    if args.set_sizes and args.dataset:
+        raise ValueError("give --set-sizes or --dataset, not both")
+    if args.set_sizes:
+        hist = parse_set_sizes(args.set_sizes)
+        n = n or int(hist.sum())
+    elif args.dataset:
+        n, d, hist = measure(args, beam_args)
+    if n is None or d is None:
+        raise ValueError("advise needs --users and --keys (or --dataset to measure them)")
+    out = advise(n, d, args.epsilon, args.padding, args.frequency, args.mean, hist, args.coverage)
+    l = out["l"]
     print(f"recommended: {out['recommendation']}")
     print(f"  {out['reason']}")
+    if hist is not None:
+        check = out["padding"]
+        how = ("chosen: the smallest l with at least "
+               f"{args.coverage:.0%} of the users holding <= l pairs" if out["l_chosen"] else "given")
+        print(f"padding: l = {l} ({how}); set sizes: {describe_sizes(hist)}")
+        print(f"  at l = {l}: {check['truncated_users']:,} users truncated ({check['truncated_fraction']:.2%}), "
+              f"{check['lost_pair_fraction']:.2%} of the pairs' frequency mass lost; "
+              f"the rule chooses l = {check['suggested']} (covers {check['suggested_covers']:.2%})")
+        print(f"  {'l':>4} {'truncated':>10} {'mass lost':>10} {out['recommendation'] + ' f s.e.':>18}")
+        for row in out["padding_table"]:
+            print(f"  {row['l']:>4} {row['truncated']:>10.2%} {row['lost_pairs']:>10.2%} "
+                  f"{row['frequency_se']:>18.3g}")
+        if not out["l_chosen"] and check_padding(hist, l, args.coverage).too_small:
+            warn_truncation(check_padding(hist, l, args.coverage))
     print(f"expected standard errors for a key with f = {out['f']:.4g}, m = {out['m']:+.3g} "
-          f"(n = {args.users:,}, d = {args.keys}, l = {args.padding}, eps = {args.epsilon:g}):")
+          f"(n = {n:,}, d = {d}, l = {l}, eps = {args.epsilon:g}):")
     for row in out["candidates"]:
         print(f"  {row['mechanism']:>9}: frequency ± {row['frequency_se']:.3g}   mean ± {row['mean_se']:.3g}")
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
+import logging
 import os
 import sys
 import tempfile
@@ -19,6 +20,7 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from mechanisms import registry
 from mechanisms.datasets import DEFAULT_BATCH_SIZE, Dataset, SyntheticDataset, load_clothing, load_movielens_100k
+from mechanisms.padding import merge_histograms, size_histogram
 from mechanisms.randomness import fresh_seed
 from transforms.ratings import DEAD_LETTER, ReadRatings
 
@@ -26,6 +28,19 @@ DATASETS = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr",
 
 
 SAFE_RUNNING_MODE = "in_memory"
+
+
+class _InMemoryWorkersNotice(logging.Filter):
+    """Drops Beam's notice that ``in_memory`` with 2 workers has no
+    parallelism: its ParallelBundleManager does run the partitions of a stage
+    on 2 embedded workers in threads (2 workers measured 1.3x faster than 1,
+    DESIGN.md), so the notice would mislead on every job."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("If direct_num_workers is not equal to 1")
+
+
+logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner").addFilter(_InMemoryWorkersNotice())
 
 
 def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
@@ -55,6 +70,22 @@ def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
     return beam.Pipeline(runner=FnApiRunner(), options=options)
 
 
+AUTO_PADDING = "auto"
+
+
+def parse_padding(text: str):
+    """``--padding``: a whole number ``l >= 1`` or ``auto``."""
+    if str(text).strip().lower() == AUTO_PADDING:
+        return AUTO_PADDING
+    try:
+        l = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"padding must be a whole number >= 1 or 'auto', got {text!r}") from None
+    if l < 1:
+        raise argparse.ArgumentTypeError(f"padding length l must be >= 1, got {l}")
+    return l
+
+
 def add_mechanism_args(parser: argparse.ArgumentParser, single: bool = True):
     """``--mechanism``/``--epsilon`` (unless ``single`` is false: a sweep names
     several) and every mechanism's options."""
@@ -62,8 +93,10 @@ def add_mechanism_args(parser: argparse.ArgumentParser, single: bool = True):
         parser.add_argument("--mechanism", required=True, choices=registry.names())
         parser.add_argument("--epsilon", type=float, required=True, help="total privacy budget per user")
     opts = parser.add_argument_group("mechanism options (each mechanism takes the ones that apply)")
-    opts.add_argument("--padding", "-l", type=int, default=None,
-                      help="PCKV padding length l (default: the dataset's, 1 for single-pair data, 2 for clothing)")
+    opts.add_argument("--padding", "-l", type=parse_padding, default=None,
+                      help="PCKV/KS-UE padding length l, or 'auto': the ingest side picks the smallest l covering "
+                           "--coverage (0.9) of the users from the data's set sizes (a data-dependent public "
+                           "parameter); default: the dataset's, 1 for single-pair data, 2 for clothing")
     opts.add_argument("--clip", choices=("paper", "matlab"), default=None,
                       help="PCKV: clip value counts into [0, N] (Algorithm 4, default) or [1, N] (authors' MATLAB)")
     opts.add_argument("--rounds", type=int, default=None,
@@ -80,7 +113,8 @@ def add_mechanism_args(parser: argparse.ArgumentParser, single: bool = True):
     opts.add_argument("--group-split", type=float, default=None, help="KS-GRR: share of users in group 1 (0.5)")
     opts.add_argument("--group-shares", default=None, help="KS-Adap: three group shares (default 0.4,0.1,0.5)")
     opts.add_argument("--coverage", type=float, default=None,
-                      help="KS-Adap: the chosen l covers this share of candidate holders (0.9)")
+                      help="KS-Adap: the chosen l covers this share of candidate holders (0.9); padded "
+                           "mechanisms: the share of users --padding auto covers, and the warning threshold")
     opts.add_argument("--ioh-top", type=int, default=None,
                       help="IOH: use the top-d most frequent keys of the data (default 5; d <= 10)")
 
@@ -185,15 +219,39 @@ def scratch_path(beam_args: Sequence[str], name: str) -> str:
 def derive_dictionary(args, beam_args) -> list[str]:
     """Sorted distinct item ids of the ratings files, by a small pre-pass job
     (the mechanism's domain size must be known before the main graph is built)."""
-    out = scratch_path(beam_args, "keys.txt")
+    return derive_dictionary_and_sizes(args, beam_args)[0]
+
+
+def derive_dictionary_and_sizes(args, beam_args) -> tuple[list[str], np.ndarray]:
+    """The pre-pass over ratings files: the sorted distinct item ids and the
+    users' set-size histogram (``mechanisms.padding``) in one job. The
+    histogram costs nothing extra: ``ReadRatings`` assembles the users
+    anyway, and with the derived dictionary the main job accepts exactly the
+    same rows, so it is the histogram of the users the main job perturbs."""
+    out, sizes = scratch_path(beam_args, "keys.txt"), scratch_path(beam_args, "set_sizes.npy")
     p = make_pipeline(beam_args)
     read = p | "ReadRatings" >> ReadRatings(
         args.dataset, parse_range(args.rating_range), None, args.input_format,
         args.user_col, args.item_col, args.rating_col, args.shards)
     (read["dictionary"] | "Join" >> beam.Map("\n".join)
      | "Write" >> beam.io.WriteToText(out, num_shards=1, shard_name_template=""))
+    write_size_histogram(read["users"], sizes)
     p.run().wait_until_finish()
-    return read_dictionary(out)
+    return read_dictionary(out), read_array(sizes)
+
+
+def write_size_histogram(users: beam.PCollection, path: str, label: str = "SetSizes"):
+    """Add a branch writing the set-size histogram of ``users`` (one
+    ``np.bincount`` per batch, summed) to ``path`` as ``.npy``."""
+    return (users
+            | f"{label}Count" >> beam.Map(size_histogram)
+            | f"{label}Sum" >> beam.CombineGlobally(merge_histograms)
+            | f"{label}Save" >> beam.Map(_save_array, path))
+
+
+def read_array(path: str) -> np.ndarray:
+    with FileSystems.open(path) as fh:
+        return np.load(io.BytesIO(fh.read()))
 
 
 def user_source(p: beam.Pipeline, args, dataset: Dataset | None,
@@ -216,6 +274,15 @@ def user_source(p: beam.Pipeline, args, dataset: Dataset | None,
 def key_dictionary(args, beam_args) -> list[str]:
     """The key dictionary of a ratings-file dataset: given, or derived."""
     return read_dictionary(args.key_dictionary) if args.key_dictionary else derive_dictionary(args, beam_args)
+
+
+def key_dictionary_and_sizes(args, beam_args) -> tuple[list[str], np.ndarray | None]:
+    """The key dictionary of a ratings-file dataset and, when a pre-pass runs
+    to derive it, the users' set-size histogram (``None`` with a given
+    ``--key-dictionary``: no pass has read the data yet)."""
+    if args.key_dictionary:
+        return read_dictionary(args.key_dictionary), None
+    return derive_dictionary_and_sizes(args, beam_args)
 
 
 def counters(result) -> dict[str, int]:
@@ -241,11 +308,18 @@ def print_row_summary(stats: dict[str, int], out=None):
     print(f"rows read {read} = accepted {acc} + rejected {rej} [{status}]", file=out)
 
 
-def make_mechanism(args, d: int, dataset: Dataset | None = None, ioh_keys: Sequence[int] | None = None):
+def make_mechanism(args, d: int, dataset: Dataset | None = None, ioh_keys: Sequence[int] | None = None,
+                   padding: int | None = None):
     """The registered mechanism or protocol named by ``--mechanism``, with the
-    options given on the command line (the dataset's padding by default)."""
+    options given on the command line (the dataset's padding by default).
+
+    ``padding``: the resolved padding length, overriding ``--padding``
+    (``pipelines.padding.resolve_padding`` turns ``auto`` into a number on the
+    ingest side; a job that has not resolved ``auto`` gets a clear error).
+    ``--coverage`` belongs to the padding choice for mechanisms that take a
+    padding but no coverage, and is not passed to them."""
     options = {"clip": args.clip, "rounds": args.rounds, "t": args.t, "a0": args.a0,
-               "max_rounds": args.max_rounds, "padding": args.padding,
+               "max_rounds": args.max_rounds, "padding": args.padding if padding is None else padding,
                "default_value": getattr(args, "default_value", None), "ioh_keys": ioh_keys,
                "top": args.top, "group_split": args.group_split, "coverage": args.coverage,
                "group_shares": None if args.group_shares is None else
@@ -255,8 +329,14 @@ def make_mechanism(args, d: int, dataset: Dataset | None = None, ioh_keys: Seque
         options["top"] = None          # --top then only sets the accuracy summary's top-t set
     if getattr(args, "lenient", False):
         options = {k: v for k, v in options.items() if k in accepted}
-    if "padding" in registry.options_of(args.mechanism) and args.padding is None:
-        options["padding"] = dataset.default_padding if dataset is not None else 1
+    if "padding" in accepted:
+        if options["padding"] == AUTO_PADDING:
+            raise ValueError("--padding auto is chosen from the raw data by the ingest side (simulate, perturb); "
+                             "this job cannot see the data: give l explicitly (collect: the reports' padding)")
+        if options["padding"] is None:
+            options["padding"] = dataset.default_padding if dataset is not None else 1
+        if "coverage" not in accepted:
+            options["coverage"] = None     # --coverage set the padding choice
     return registry.make(args.mechanism, d, args.epsilon, **options)
 
 

@@ -11,6 +11,7 @@ import apache_beam as beam
 from mechanisms.registry import is_protocol
 from pipelines import common, report
 from pipelines.graphs import estimate_graph, ioh_counts_file, protocol_estimates
+from pipelines.padding import resolve_padding
 from pipelines.query import print_queries
 from pipelines.report import read_text
 from transforms.io import WriteEstimates
@@ -30,19 +31,25 @@ def add_arguments(parser: argparse.ArgumentParser):
 
 def execute(args, beam_args) -> dict:
     """Build and run the simulation pipeline; return what it produced
-    (records read back, counters, run time, protocol summary) without printing."""
+    (records read back, counters, run time, protocol and padding summaries).
+
+    It prints only what concerns the padding (``pipelines/padding.py``): the
+    ``l`` that ``--padding auto`` chose, before the run, and a ``WARNING:``
+    on stderr, before or after the run, when ``l`` truncates many users."""
     seeds = common.Seeds.from_arg(args.seed)
     dataset = common.built_in_dataset(args, seeds.data)
-    dictionary = None if dataset is not None else common.key_dictionary(args, beam_args)
+    dictionary, set_sizes = (None, None) if dataset is not None else common.key_dictionary_and_sizes(args, beam_args)
     key_names = dataset.key_names if dataset is not None else dictionary
     ioh_keys = common.resolve_ioh_keys(args, beam_args, key_names, dataset, dictionary)
+    padding = resolve_padding(args, beam_args, dataset, dictionary, set_sizes)
     if getattr(args, "query", None) and ioh_keys is None:
         raise ValueError("--query needs an IOH mechanism (ioh-oue, ioh-sue)")
     output = args.output or common.scratch_path(beam_args, "estimates.jsonl")
     summary_path, counts_path = output + ".protocol.json", output + ".counts.avro"
     p = common.make_pipeline(beam_args)
     source = common.user_source(p, args, dataset, dictionary)
-    mechanism = common.make_mechanism(args, source.d, dataset, ioh_keys)
+    mechanism = common.make_mechanism(args, source.d, dataset, ioh_keys, padding=padding.l)
+    padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
     if is_protocol(mechanism):
         # users -> state after round 1 -> … -> final state -> records (+ summary)
         records, run_summary = protocol_estimates(source.users, mechanism, seeds.perturb, source.key_names)
@@ -60,11 +67,12 @@ def execute(args, beam_args) -> dict:
     start = time.perf_counter()
     result = p.run()
     result.wait_until_finish()
+    padding.after_run()                            # warns when l truncated too many users
     return {"mechanism": mechanism, "dataset": getattr(dataset, "name", args.dataset), "output": output,
             "seconds": time.perf_counter() - start, "stats": common.counters(result),
             "records": report.read_estimates(output), "n_users": getattr(dataset, "n_users", None),
             "protocol": json.loads(read_text(summary_path)) if is_protocol(mechanism) else None,
-            "counts_path": counts_path if ioh_keys is not None else None}
+            "counts_path": counts_path if ioh_keys is not None else None, "padding": padding.summary()}
 
 
 def run(args, beam_args) -> dict:

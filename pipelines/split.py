@@ -24,6 +24,7 @@ from mechanisms.protocol import Collection
 from mechanisms.registry import is_protocol
 from pipelines import common, report
 from pipelines.graphs import estimate_graph, ioh_counts_file, to_records
+from pipelines.padding import padding_from_reports, resolve_padding
 from schemas.records import broadcast_records, state_from_broadcast
 from transforms.io import ReadReports, WriteEstimates, WriteReports, check_report_files, report_config
 from transforms.ratings import write_dead_letters
@@ -142,11 +143,12 @@ def run_perturb(args, beam_args) -> dict:
         args.dataset = args.dataset_input
     seeds = common.Seeds.from_arg(args.seed)
     dataset = common.built_in_dataset(args, seeds.data)
-    dictionary = None if dataset is not None else common.key_dictionary(args, beam_args)
+    dictionary, set_sizes = (None, None) if dataset is not None else common.key_dictionary_and_sizes(args, beam_args)
     prefix = report_prefix(args.output)
     key_names = dataset.key_names if dataset is not None else dictionary
     ioh_keys = common.resolve_ioh_keys(args, beam_args, key_names, dataset, dictionary)
-    mechanism = common.make_mechanism(args, len(key_names), dataset, ioh_keys)
+    padding = resolve_padding(args, beam_args, dataset, dictionary, set_sizes)   # 'auto' -> l; warns if l truncates
+    mechanism = common.make_mechanism(args, len(key_names), dataset, ioh_keys, padding=padding.l)
     if is_protocol(mechanism):
         r = args.round - 1
         state = perturb_state(args, mechanism, seeds.perturb, dataset, key_names)
@@ -157,6 +159,7 @@ def run_perturb(args, beam_args) -> dict:
         config = mechanism.config()
     p = common.make_pipeline(beam_args)
     source = common.user_source(p, args, dataset, dictionary)
+    padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
     if is_protocol(mechanism):
         reports = source.users | "Perturb" >> beam.ParDo(
             ProtocolPerturbFn(mechanism, r, seeds.perturb), AsSingleton(p | "State" >> beam.Create([state])))
@@ -169,6 +172,7 @@ def run_perturb(args, beam_args) -> dict:
         write_dead_letters(source.dead_letter, prefix + ".rejected.jsonl")
     result = p.run()
     result.wait_until_finish()
+    padding.after_run()                            # warns when l truncated too many users
     stats = common.counters(result)
     common.print_row_summary(stats)
     print(f"{stats.get('reports_written', 0)} reports of {mechanism!r}"
@@ -228,7 +232,8 @@ def run_collect(args, beam_args) -> dict:
         # the chosen keys travel with the reports; --ioh-keys may restate them
         found = report_config(args.input).get("ioh_keys")
         ioh_keys = common.named_keys(args.ioh_keys, names) if args.ioh_keys else found
-    mechanism = common.make_mechanism(args, len(names), ioh_keys=ioh_keys)
+    # --padding auto: the l the perturbing side chose, read from the reports' config
+    mechanism = common.make_mechanism(args, len(names), ioh_keys=ioh_keys, padding=padding_from_reports(args))
     p = common.make_pipeline(beam_args)
     key_names = p | "KeyNames" >> beam.Create([names])
     broadcast_out, counts_out = None, None

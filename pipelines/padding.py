@@ -1,0 +1,219 @@
+"""The padding length on the ingest side: ``--padding auto`` and the
+truncation warning (the math is ``mechanisms/padding.py``).
+
+A padded mechanism (PCKV-UE, PCKV-GRR, KS-UE) under-counts every user with
+more than ``l`` pairs: each of their pairs is reported w.p. ``1/|S|`` and the
+estimator scales by ``l``, so their keys' frequencies come out scaled by
+``l/|S|``. Only a job that holds the raw data can see the set sizes: the
+ingest side (``simulate``, ``perturb``). The collector never can, and takes
+``l`` from the reports' configuration.
+
+* ``--padding auto``: the ingest side measures the set-size histogram and
+  picks the smallest ``l`` covering ``--coverage`` (0.9) of the users
+  (KSKV §4.3's rule, ``choose_padding``). The chosen ``l`` is a
+  data-dependent public parameter: it is written into every report's
+  configuration and computed from raw data *outside* the epsilon guarantee,
+  which covers the reports given ``l``. The operator opts in by saying
+  ``auto``; to keep ``l`` private, estimate the sizes under LDP with a budget
+  share as KS-Adap does.
+* An explicit (or defaulted) ``l`` that truncates more than ``1 - coverage``
+  of the users prints ``WARNING:`` on stderr with the truncated share and
+  the ``l`` that ``kvldp advise`` / ``auto`` would choose.
+
+Where the histogram comes from (each source read at most once extra):
+
+* clothing, movielens-100k (loaded in memory): from the loaded users, free;
+  an explicit ``l`` is checked before the run.
+* synthetic-*: ``auto`` generates the batches in this process before the
+  run (uu/gg: milliseconds; multi: ~10 s per 10^6 users); an explicit ``l``
+  is checked in the main job and warned about after the run.
+* a ratings file without ``--key-dictionary``: the pre-pass that derives the
+  dictionary measures the sizes too, at no extra cost (``common.
+  derive_dictionary_and_sizes``); both ``auto`` and an explicit ``l`` are
+  settled before the run.
+* a ratings file with ``--key-dictionary``: ``auto`` runs one pre-pass over
+  the files; an explicit ``l`` is checked in the main job and warned about
+  after the run (no extra pass for the common case).
+
+"In the main job" is a ``CombineGlobally`` of one ``np.bincount`` per user
+batch written to a scratch file (``common.write_size_histogram``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Sequence
+
+import apache_beam as beam
+import numpy as np
+
+from mechanisms import registry
+from mechanisms.datasets import Dataset, InMemoryDataset
+from mechanisms.padding import (DEFAULT_COVERAGE, PaddingCheck, check_padding, choose_padding, merge_histograms,
+                                size_histogram)
+from pipelines import common
+from transforms.io import report_config
+
+
+def takes_padding(mechanism: str) -> bool:
+    return "padding" in registry.options_of(mechanism)
+
+
+def parse_set_sizes(text: str) -> np.ndarray:
+    """``"1:500,2:300,3:200"`` (size:users, sizes >= 0) -> histogram."""
+    hist: dict[int, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            size, users = (int(x) for x in part.split(":"))
+        except ValueError:
+            raise ValueError(f"--set-sizes takes 'size:users,…' (e.g. 1:500,2:300), got {part!r}") from None
+        if size < 0 or users < 0:
+            raise ValueError(f"--set-sizes needs sizes and counts >= 0, got {part!r}")
+        if size in hist:
+            raise ValueError(f"--set-sizes names size {size} twice")
+        hist[size] = users
+    if not hist or sum(hist.values()) == 0:
+        raise ValueError("--set-sizes names no users")
+    out = np.zeros(max(hist) + 1, dtype=np.int64)
+    for size, users in hist.items():
+        out[size] = users
+    return out
+
+
+def data_set_sizes(args, beam_args: Sequence[str], dataset: Dataset | None,
+                   dictionary: Sequence[str] | None) -> np.ndarray:
+    """The set-size histogram of the users the job will perturb (ingest side:
+    it reads raw data). Built-in datasets in this process; ratings files by
+    a pre-pass job with ``dictionary``."""
+    if dataset is not None:
+        if isinstance(dataset, InMemoryDataset):
+            return size_histogram(dataset.users)
+        return merge_histograms(size_histogram(b) for b in dataset.batches(args.batch_size))
+    path = common.scratch_path(beam_args, "set_sizes.npy")
+    p = common.make_pipeline(beam_args)
+    common.write_size_histogram(common.user_source(p, args, None, dictionary).users, path)
+    p.run().wait_until_finish()
+    return common.read_array(path)
+
+
+def describe_sizes(hist: np.ndarray) -> str:
+    n = int(hist.sum())
+    sizes = np.arange(len(hist))
+    mean = float((hist * sizes).sum() / n) if n else 0.0
+    return f"{n:,} users, {mean:.2f} pairs each on average, at most {int(np.flatnonzero(hist)[-1]) if n else 0}"
+
+
+def warn_truncation(check: PaddingCheck, out=None) -> str:
+    """Print (stderr) and return the warning for a padding that truncates
+    more than ``1 - coverage`` of the users."""
+    out = out or sys.stderr
+    capped = check.suggested <= check.l
+    text = (f"WARNING: padding l = {check.l} truncates {check.truncated_users:,} of {check.n_users:,} users "
+            f"({check.truncated_fraction:.2%}) who hold more than {check.l} pair{'s' if check.l > 1 else ''}: "
+            f"each of their pairs is reported w.p. 1/|S| and scaled by l, so their keys' frequencies come out "
+            f"times l/|S| (too low); {check.lost_pair_fraction:.2%} of all pairs' frequency mass is lost. ")
+    if capped:
+        text += (f"The coverage rule stops at its cap, l = {check.suggested} (sizes reach {check.largest_size}; "
+                 f"a larger l drowns every pair in dummies): expect this bias, or use a mechanism that samples "
+                 f"a key uniformly (privkv, kvue, f2m, …), which does not truncate.")
+    else:
+        text += (f"kvldp advise would choose l = {check.suggested} (covers {check.suggested_covers:.2%} of the "
+                 f"users, coverage {check.coverage:g}): rerun with --padding {check.suggested} or --padding auto.")
+    print(text, file=out)
+    return text
+
+
+@dataclasses.dataclass
+class PaddingPlan:
+    """The padding of one ingest job: ``l`` (``None``: the mechanism takes
+    none), how it was set, and the set sizes when known before the run."""
+
+    l: int | None
+    auto: bool = False
+    coverage: float = DEFAULT_COVERAGE
+    histogram: np.ndarray | None = None
+    pending: str | None = None          # scratch .npy of the main job's histogram
+    check: PaddingCheck | None = None
+    warning: str | None = None
+
+    def attach(self, users: beam.PCollection, beam_args: Sequence[str]):
+        """Measure the set sizes in the main job when they are not known yet."""
+        if self.l is not None and self.histogram is None:
+            self.pending = common.scratch_path(beam_args, "set_sizes.npy")
+            common.write_size_histogram(users, self.pending)
+
+    def after_run(self):
+        """Read the main job's histogram and warn if ``l`` truncated too many."""
+        if self.pending is not None and self.histogram is None:
+            self.histogram = common.read_array(self.pending)
+            self.inspect()
+
+    def inspect(self):
+        self.check = check_padding(self.histogram, self.l, self.coverage)
+        if self.check.too_small:
+            self.warning = warn_truncation(self.check)
+
+    def summary(self) -> dict | None:
+        if self.l is None:
+            return None
+        out = {"padding": self.l, "auto": self.auto, "coverage": self.coverage}
+        if self.check is not None:
+            out.update(dataclasses.asdict(self.check), warned=self.warning is not None)
+        return out
+
+
+def resolve_padding(args, beam_args: Sequence[str], dataset: Dataset | None, dictionary: Sequence[str] | None,
+                    set_sizes: np.ndarray | None = None, out=None) -> PaddingPlan:
+    """The ingest side's padding: ``--padding auto`` chosen from the data's
+    set sizes (printed with the reason), else the given or the dataset's
+    default ``l``, checked against the set sizes when they are known
+    (``set_sizes``: a histogram a pre-pass already measured).
+
+    Call ``plan.attach(users, beam_args)`` while building the main job and
+    ``plan.after_run()`` after it, so that an unchecked ``l`` is checked
+    there; pass ``plan.l`` to ``common.make_mechanism(…, padding=plan.l)``.
+    For a mechanism without padding the plan is empty and ``--padding`` is
+    left for ``make_mechanism`` to reject as before."""
+    out = out or sys.stdout
+    if not takes_padding(args.mechanism):
+        return PaddingPlan(None)
+    coverage = DEFAULT_COVERAGE if args.coverage is None else float(args.coverage)
+    if not 0 < coverage <= 1:
+        raise ValueError(f"--coverage must be in (0, 1], got {coverage}")
+    if args.padding == common.AUTO_PADDING:
+        hist = set_sizes if set_sizes is not None else data_set_sizes(args, beam_args, dataset, dictionary)
+        plan = PaddingPlan(choose_padding(hist, coverage), True, coverage, hist)
+        check = check_padding(hist, plan.l, coverage)
+        rest = (f"; the other {check.truncated_fraction:.2%} are truncated, {check.lost_pair_fraction:.2%} of "
+                f"the pairs' mass lost" if check.truncated_users else "")
+        why = (f"the smallest l with at least {coverage:.0%} of the users holding <= l pairs "
+               f"({check.suggested_covers:.2%} do{rest}" if not check.too_small else
+               f"the cap: only {check.suggested_covers:.2%} of the users hold <= {plan.l} pairs "
+               f"(the rule wants {coverage:.0%}")
+        print(f"padding: --padding auto chose l = {plan.l}, {why}; {describe_sizes(hist)}). l is computed from "
+              f"the raw data by the ingest side: a public parameter outside the epsilon guarantee.", file=out)
+        plan.inspect()                   # warns only when the cap keeps l below the coverage
+        return plan
+    l = args.padding if args.padding is not None else (dataset.default_padding if dataset is not None else 1)
+    hist = set_sizes
+    if hist is None and isinstance(dataset, InMemoryDataset):
+        hist = size_histogram(dataset.users)
+    plan = PaddingPlan(int(l), False, coverage, hist)
+    if hist is not None:
+        plan.inspect()
+    return plan
+
+
+def padding_from_reports(args) -> int | None:
+    """The collector's padding: with ``--padding auto``, the ``l`` the
+    perturbing side chose, read from the configuration stored with the
+    report files ``--input`` (as IOH's keys are); ``None`` otherwise, which
+    leaves ``--padding`` as given (``make_mechanism``'s default is 1)."""
+    if args.padding != common.AUTO_PADDING or not takes_padding(args.mechanism):
+        return None
+    found = report_config(args.input).get("padding")
+    if found is None:
+        raise ValueError(f"--padding auto: the reports {args.input} name no padding; give --padding l")
+    return int(found)
