@@ -50,12 +50,25 @@ def batch_specs(n_users: int, batch_size: int = DEFAULT_BATCH_SIZE):
     return [(i, s, min(s + batch_size, n_users)) for i, s in enumerate(range(0, n_users, batch_size))]
 
 
+TRUTH_QUANTUM = 2.0 ** -20
+
+
+def exact_sums(sums: np.ndarray) -> np.ndarray:
+    """``sums`` rounded to multiples of ``2^-20``, so that adding them up is
+    exact in float64 (every partial sum below ``2^33`` is representable) and
+    the total does not depend on the order a runner merges batches in (two
+    Beam workers merge in a different grouping each run). The rounding moves
+    a batch's sum by at most ``2^-21``."""
+    return np.rint(np.asarray(sums, dtype=np.float64) / TRUTH_QUANTUM) * TRUTH_QUANTUM
+
+
 def truth_counts(users: UserBatch, d: int) -> np.ndarray:
-    """Sufficient statistics of the truth: ``[n, holders[d], value sums[d]]``."""
+    """Sufficient statistics of the truth: ``[n, holders[d], value sums[d]]``
+    (value sums made order-independent by :func:`exact_sums`)."""
     return np.concatenate([
         [users.n_users],
         np.bincount(users.keys, minlength=d)[:d],
-        np.bincount(users.keys, weights=users.values, minlength=d)[:d],
+        exact_sums(np.bincount(users.keys, weights=users.values, minlength=d)[:d]),
     ]).astype(np.float64)
 
 

@@ -24,6 +24,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .datasets import exact_sums
 from .ioh import state_index
 
 HELD = (0, 2)
@@ -151,7 +152,8 @@ def parse_query(text: str, key_names: Sequence[str]):
 def pattern_truth(users, ioh_keys: Sequence[int], d: int) -> np.ndarray:
     """Mergeable non-private truth for conditional queries: per holding
     pattern ``P = sum_j 2^(k-1-j) [user holds key j]``, the number of users
-    and, per key, the sum of their values: ``[counts[2^k], sums[2^k * k]]``."""
+    and, per key, the sum of their values: ``[counts[2^k], sums[2^k * k]]``
+    (sums made order-independent by ``exact_sums``)."""
     k = len(ioh_keys)
     column = np.full(d, -1, dtype=np.int64)
     column[list(ioh_keys)] = np.arange(k)
@@ -164,7 +166,7 @@ def pattern_truth(users, ioh_keys: Sequence[int], d: int) -> np.ndarray:
     pattern = held @ (1 << np.arange(k - 1, -1, -1))
     counts = np.bincount(pattern, minlength=2 ** k)
     sums = np.stack([np.bincount(pattern, weights=vals[:, j], minlength=2 ** k) for j in range(k)], axis=1)
-    return np.concatenate([counts, sums.ravel()]).astype(np.float64)
+    return np.concatenate([counts, exact_sums(sums.ravel())]).astype(np.float64)
 
 
 def true_conditional(truth: np.ndarray, k: int, target: int, given: Mapping[int, bool]):

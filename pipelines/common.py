@@ -49,11 +49,11 @@ def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
     Without ``--runner`` it runs on the in-process FnApiRunner (what
     DirectRunner falls back to) so a local batch job never tries to download
     the Prism binary (DESIGN.md), in ``in_memory`` mode with two workers.
-    ``multi_threading`` is Beam's own default but its data plane flushes from
-    a timer thread in the middle of an element, and the runner then decodes
-    half an element: a runaway allocation or ``Unknown type tag``
-    (``shared/repro/beam_timed_flush.py``). A user who asks for it gets it,
-    with a warning.
+    ``multi_threading`` (this CLI's default before) flushes its data plane
+    from a timer thread in the middle of an element, and the runner then
+    decodes half an element: a runaway allocation, ``Unknown type tag``, or
+    silently lost batches (``shared/repro/beam_timed_flush.py``). A user who
+    asks for it gets it, with a warning.
     """
     options = PipelineOptions(list(beam_args))
     if options.view_as(StandardOptions).runner is not None:
@@ -65,7 +65,7 @@ def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
         direct.direct_running_mode = SAFE_RUNNING_MODE
     elif direct.direct_running_mode == "multi_threading":
         warnings.warn("--direct_running_mode multi_threading can corrupt elements in Beam's local runner "
-                      "(a timed flush splits an element: runaway memory or 'Unknown type tag'); "
+                      "(a timed flush splits an element: runaway memory, 'Unknown type tag' or lost batches); "
                       f"the default, {SAFE_RUNNING_MODE}, is safe", RuntimeWarning, stacklevel=2)
     return beam.Pipeline(runner=FnApiRunner(), options=options)
 

@@ -533,7 +533,7 @@ def test_mean_sign_erratum(cls):
     est = mech.estimate(counts)
     truth = truth_counts(users, 2)
     _, m = truth_from_counts(truth, 2)
-    np.testing.assert_allclose(m, [0.8, -0.5], rtol=1e-12)
+    np.testing.assert_allclose(m, [0.8, -0.5], rtol=1e-9)      # truth sums are rounded to 2^-20
     assert est.mean_raw[0] > 0 and est.mean_raw[1] < 0
     assert np.all(np.abs(est.mean_raw - m) < Z * est.mean_se), (est.mean_raw, est.mean_se)
     N_A, _, N_B, _ = mech.state_counts(mech.stack(counts))

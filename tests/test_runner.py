@@ -1,0 +1,89 @@
+"""The CLI's local runner: ``in_memory`` by default, never ``multi_threading``
+unless asked (issue 15, item 2).
+
+``multi_threading``'s data plane flushes from a timer thread in the middle of
+an element, and the runner then decodes half an element: a runaway
+allocation or ``Unknown type tag`` (DESIGN.md, ``shared/repro/beam_timed_flush.py``).
+These tests only build pipelines (nothing runs); ``tests/test_soak.py``
+(``pytest -m slow``) runs whole jobs many times.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+from pipelines.common import make_pipeline
+
+
+def _direct(pipeline) -> DirectOptions:
+    return pipeline.options.view_as(DirectOptions)
+
+
+def _runner_warnings(record) -> list:
+    return [w for w in record if issubclass(w.category, RuntimeWarning) and "multi_threading" in str(w.message)]
+
+
+def _build(args):
+    """``make_pipeline(args)`` and the multi_threading RuntimeWarnings it emitted."""
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        pipeline = make_pipeline(args)
+    return pipeline, _runner_warnings(record)
+
+
+def test_default_is_in_memory_fnapi_runner_with_two_workers():
+    pipeline, warned = _build([])
+    assert isinstance(pipeline.runner, FnApiRunner)          # no Prism download attempt
+    assert _direct(pipeline).direct_running_mode == "in_memory"
+    assert _direct(pipeline).direct_running_mode != "multi_threading"
+    assert _direct(pipeline).direct_num_workers == min(2, os.cpu_count() or 1)
+    assert not warned
+
+
+def test_unrelated_beam_options_keep_the_safe_default():
+    pipeline, warned = _build(["--job_name", "x", "--direct_runner_bundle_repeat", "0"])
+    assert _direct(pipeline).direct_running_mode == "in_memory"
+    assert _direct(pipeline).direct_num_workers == min(2, os.cpu_count() or 1)
+    assert not warned
+
+
+@pytest.mark.parametrize("args", [["--direct_running_mode", "multi_threading"],
+                                  ["--direct_running_mode=multi_threading"]])
+def test_explicit_multi_threading_is_kept_but_warns(args):
+    with pytest.warns(RuntimeWarning, match="multi_threading"):
+        pipeline = make_pipeline(args)
+    assert isinstance(pipeline.runner, FnApiRunner)
+    assert _direct(pipeline).direct_running_mode == "multi_threading"
+    assert _direct(pipeline).direct_num_workers == min(2, os.cpu_count() or 1)
+
+
+@pytest.mark.parametrize("args", [["--direct_running_mode", "in_memory"], ["--direct_running_mode=in_memory"]])
+def test_explicit_in_memory_does_not_warn(args):
+    pipeline, warned = _build(args)
+    assert not warned
+    assert _direct(pipeline).direct_running_mode == "in_memory"
+
+
+def test_explicit_worker_count_is_kept():
+    pipeline, warned = _build(["--direct_num_workers", "1"])
+    assert _direct(pipeline).direct_num_workers == 1
+    assert _direct(pipeline).direct_running_mode == "in_memory"
+    assert not warned
+
+
+@pytest.mark.parametrize("extra", [[], ["--direct_running_mode", "multi_threading", "--direct_num_workers", "3"]])
+def test_explicit_runner_passes_through_untouched(extra):
+    args = ["--runner", "DirectRunner", *extra]
+    pipeline, warned = _build(args)
+    assert not isinstance(pipeline.runner, FnApiRunner)
+    assert pipeline.options.view_as(StandardOptions).runner == "DirectRunner"
+    # every option exactly as a plain Beam pipeline has it: nothing set or overridden
+    plain = beam.Pipeline(options=PipelineOptions(args))
+    assert pipeline.options.get_all_options() == plain.options.get_all_options()
+    assert _direct(pipeline).direct_running_mode == PipelineOptions(args).view_as(DirectOptions).direct_running_mode
+    assert not warned
