@@ -684,7 +684,7 @@ def test_ksgrr_mean_uses_p_minus_q():
     assert all(np.all(res.states[0].broadcast[SURE] >= 0) for res in runs)
     _, m = truth_from_counts(runs[0].truth, 100)
     held = np.isfinite(m)                                   # (far-tail keys nobody holds: NaN)
-    np.testing.assert_allclose(m[held], data.key_means[held], rtol=0, atol=1e-12)   # gg: holders hold m_k
+    np.testing.assert_allclose(m[held], data.key_means[held], rtol=0, atol=1e-5)   # gg: holders hold m_k (truth sums rounded to 2^-20)
     raw = np.array([res.estimates.mean_raw[SURE] for res in runs])
     z = z_scores(raw, m[SURE])
     assert np.all(np.abs(z) < Z), z
