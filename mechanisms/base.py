@@ -129,13 +129,38 @@ class ReportBatch:
         )
 
 
+# Why a key's estimate or standard error is null (``Estimates.*_status``).
+STATUS_OK = "ok"                       # estimate and standard error given
+STATUS_NO_REPORTS = "no_reports"       # no report carried the key: estimate and s.e. null
+STATUS_FREQUENCY_NOT_POSITIVE = "frequency_not_positive"   # mean only: estimated holders <= 0
+STATUS_NOT_CANDIDATE = "not_candidate"  # KS-GRR/KS-Adap: key outside the candidate set
+STATUS_LATER_ROUND = "later_round"     # a multi-round protocol estimates it in a later round
+STATUS_BIASED = "biased"               # mean only: estimate given (biased), s.e. null
+STATUSES = (STATUS_OK, STATUS_NO_REPORTS, STATUS_FREQUENCY_NOT_POSITIVE, STATUS_NOT_CANDIDATE,
+            STATUS_LATER_ROUND, STATUS_BIASED)
+
+
+def status_array(d: int, fill: str = STATUS_OK) -> np.ndarray:
+    return np.full(d, fill, dtype=object)
+
+
 @dataclasses.dataclass(frozen=True)
 class Estimates:
     """Calibrated per-key estimates (arrays of length d).
 
     ``frequency``/``mean`` are the post-processed (clipped) estimates;
-    ``frequency_raw``/``mean_raw`` the unclipped ones; ``*_se`` plug-in
-    standard errors from the mechanism's variance.
+    ``frequency_raw``/``mean_raw`` the paper's unclipped ones (NaN only where
+    its formula is 0/0 or the key is not estimated at all); ``*_se`` standard errors from the
+    estimator's variance, evaluated where it is positive (the estimates
+    clipped into the model's range, never at an empty cell), so an estimate
+    computed from noisy counts never has s.e. 0.
+
+    NaN marks "null": a key whose frequency or mean cannot be estimated
+    (``*_status`` says why, one of ``STATUSES``; ``ok`` where both the
+    estimate and its s.e. are given). ``mean_status == "biased"`` (the PrivKV
+    family): the mean is given but its s.e. is NaN -- the estimator is biased
+    towards the fake values by several of its own s.d., so no s.e. would make
+    an interval that covers the truth.
     """
 
     frequency: np.ndarray
@@ -147,10 +172,60 @@ class Estimates:
     n_reports: int
     mechanism: str
     epsilon: float
+    frequency_status: np.ndarray | None = None
+    mean_status: np.ndarray | None = None
+
+    def __post_init__(self):
+        for name in ("frequency_status", "mean_status"):
+            value = getattr(self, name)
+            if value is None:
+                value = status_array(len(self.frequency))
+            value = np.asarray(value, dtype=object)
+            if value.shape != (len(self.frequency),):
+                raise ValueError(f"{name} needs one status per key")
+            object.__setattr__(self, name, value)
 
     @property
     def d(self) -> int:
         return len(self.frequency)
+
+
+def null_where(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``values`` as float with NaN (null) where ``mask``."""
+    return np.where(mask, np.nan, np.asarray(values, dtype=np.float64))
+
+
+def with_statuses(frequency, mean, frequency_raw, mean_raw, frequency_se, mean_se, *, n_reports, mechanism,
+                  epsilon, no_reports=None, mean_not_estimable=None, mean_biased: bool = False,
+                  frequency_status=None, mean_status=None) -> Estimates:
+    """An ``Estimates`` with the nulls and statuses of the common cases.
+
+    ``no_reports``: keys no report carried (frequency and mean null);
+    ``mean_not_estimable``: keys whose estimated frequency is <= 0 (mean
+    null); ``mean_biased``: the mechanism's mean estimator is biased (mean s.e.
+    null everywhere). ``frequency_status``/``mean_status``: statuses set
+    before (kept where not ``ok``), e.g. ``not_candidate``."""
+    d = len(frequency)
+    fs = status_array(d) if frequency_status is None else np.array(frequency_status, dtype=object)
+    ms = status_array(d) if mean_status is None else np.array(mean_status, dtype=object)
+    none = np.zeros(d, dtype=bool)
+    no_reports = none if no_reports is None else np.asarray(no_reports, dtype=bool)
+    not_est = none if mean_not_estimable is None else np.asarray(mean_not_estimable, dtype=bool)
+    ok_f, ok_m = fs == STATUS_OK, ms == STATUS_OK
+    fs[ok_f & no_reports] = STATUS_NO_REPORTS
+    ms[ok_m & no_reports] = STATUS_NO_REPORTS
+    ms[(ms == STATUS_OK) & not_est] = STATUS_FREQUENCY_NOT_POSITIVE
+    f_null = fs != STATUS_OK
+    m_null = (ms != STATUS_OK) & (ms != STATUS_BIASED)
+    if mean_biased:
+        ms[ms == STATUS_OK] = STATUS_BIASED
+    se_m_null = ms != STATUS_OK
+    return Estimates(
+        frequency=null_where(frequency, f_null), mean=null_where(mean, m_null),
+        frequency_raw=np.asarray(frequency_raw, dtype=np.float64), mean_raw=np.asarray(mean_raw, dtype=np.float64),
+        frequency_se=null_where(frequency_se, f_null), mean_se=null_where(mean_se, se_m_null),
+        n_reports=int(n_reports), mechanism=mechanism, epsilon=float(epsilon),
+        frequency_status=fs, mean_status=ms)
 
 
 MAX_EPSILON = 30.0

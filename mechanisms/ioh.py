@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .base import Estimates, Mechanism, ReportBatch, UserBatch
+from .base import Estimates, Mechanism, ReportBatch, UserBatch, with_statuses
 from .oracles import OUE, SUE
 from .sampling import discretise
 
@@ -191,9 +191,12 @@ class IOH(Mechanism):
         table = CellTable.from_counts(self, counts)
         rows = [table.marginal(j) for j in range(self.k)]
         col = lambda i: np.array([r[i] for r in rows])  # noqa: E731
-        return Estimates(frequency=col(0), mean=col(1), frequency_raw=col(2), mean_raw=col(3),
-                         frequency_se=col(4), mean_se=col(5), n_reports=int(counts[0]),
-                         mechanism=self.name, epsilon=self.epsilon)
+        f_raw = col(2)
+        # a mean needs holders: null where the estimated number of holders
+        # (the denominator F(k held)) is <= 0; no reports at all: all null
+        return with_statuses(col(0), col(1), f_raw, col(3), col(4), col(5), n_reports=int(counts[0]),
+                             mechanism=self.name, epsilon=self.epsilon,
+                             no_reports=np.full(self.k, counts[0] == 0), mean_not_estimable=~(f_raw > 0))
 
     def output_probability(self, cell: int, report_bits: np.ndarray) -> float:
         """P(report | true cell) for one unpacked report (privacy audits)."""

@@ -28,9 +28,11 @@ SPEC.md §4).
   over ``TKS ∪ {l dummies}`` (**choice**, SPEC.md), frequencies scaled by ``l``.
 
 Keys outside ``TKS`` are not estimated by the interactive protocols: KS-GRR
-reports group 1's OLH frequency for them (unbiased for single-pair users),
-KS-Adap reports 0 with an infinite standard error; their means are 0 with an
-infinite standard error.
+reports group 1's OLH frequency for them (unbiased for single-pair users);
+KS-Adap's frequency and both protocols' means are null there
+(``status = "not_candidate"``). Standard errors of the candidates: the delta
+method over the GRR round's (+, -, other) counts at their expected values
+for the clipped ``(f, m)``; a mean is null where ``f_raw <= 0``.
 """
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ from typing import Mapping
 
 import numpy as np
 
-from .base import Estimates, ReportBatch, UserBatch, validated_domain
+from .base import (STATUS_LATER_ROUND, STATUS_NOT_CANDIDATE, STATUS_OK, Estimates, ReportBatch, UserBatch,
+                   status_array, validated_domain, with_statuses)
 from .budget import BudgetLedger, Share
 from .oracles import OLH, OLHReportBatch
 from .pckv import CLIP_PAPER, PCKVUE, PCKVParams
@@ -90,11 +93,11 @@ class KSUE(PCKVUE):
         f_raw, m_raw = self._f(stack), self._m(stack)
         f = np.clip(f_raw, 1.0 / n, 1.0)
         P = self.params
-        m = self.l * (n1 - n2) / (P.a * (2 * P.p - 1) * f * n)
-        var_f = self.variance(n, f, np.clip(m, -1, 1))[0]
-        return Estimates(frequency=f, mean=np.clip(m, -1.0, 1.0), frequency_raw=f_raw, mean_raw=m_raw,
-                         frequency_se=np.sqrt(var_f), mean_se=np.sqrt(multinomial_delta_variance(self._m, stack)),
-                         n_reports=n, mechanism=self.name, epsilon=self.epsilon)
+        m = np.clip(self.l * (n1 - n2) / (P.a * (2 * P.p - 1) * f * n), -1.0, 1.0)
+        # both variances at the clipped (f, m): the expected counts there
+        var_f, var_m = self.variance(n, f, m)
+        return with_statuses(f, m, f_raw, m_raw, np.sqrt(var_f), np.sqrt(var_m), n_reports=n,
+                             mechanism=self.name, epsilon=self.epsilon, mean_not_estimable=~(f_raw > 0))
 
     def variance(self, n: int, f, m):
         """Exact ``Var f_hat`` (Theorem 4.2 Eq. (9) at ``l = 1``; with padding a
@@ -110,8 +113,8 @@ class KSUE(PCKVUE):
         up = P.p * (1 + m) / 2 + (1 - P.p) * (1 - m) / 2      # P(entry = +x... = +1 | sampled, nonzero)
         plus = fs * P.a * up + (1 - fs) * P.b / 2
         minus = fs * P.a * (1 - up) + (1 - fs) * P.b / 2
-        expected = n * np.stack([plus, minus, 1 - plus - minus])
-        return var_f, multinomial_delta_variance(self._m, expected)
+        probs = np.stack([plus, minus, 1 - plus - minus])
+        return var_f, multinomial_delta_variance(self._m, n * probs, probs)
 
 
 def norm_sub(estimates: np.ndarray, total: float = 1.0) -> np.ndarray:
@@ -198,20 +201,29 @@ class _KeyStrategyProtocol(Protocol):
         return rank, f, np.sqrt(self.olh.variance(n, np.clip(f, 0, 1)))
 
     def olh_state(self, counts: np.ndarray, missing_frequency: bool) -> ProtocolState:
+        """The state after round 1: candidates, and (KS-GRR) group 1's OLH
+        frequencies. Means (and KS-Adap's frequencies) are null: the final
+        round estimates the candidates' (``later_round``), nobody the others'
+        (``not_candidate``)."""
         rank, f, se = self.candidates(counts)
-        zeros = np.zeros(self.d)
-        freq = zeros if missing_frequency else np.clip(f, 0, 1)
-        est = Estimates(frequency=freq, mean=zeros, frequency_raw=zeros if missing_frequency else f,
-                        mean_raw=np.full(self.d, np.nan),
-                        frequency_se=np.full(self.d, np.inf) if missing_frequency else se,
-                        mean_se=np.full(self.d, np.inf), n_reports=int(counts[0]),
-                        mechanism=self.name, epsilon=self.epsilon)
+        pending = np.where(rank >= 0, STATUS_LATER_ROUND, STATUS_NOT_CANDIDATE).astype(object)
+        nan = np.full(self.d, np.nan)
+        est = Estimates(frequency=nan if missing_frequency else np.clip(f, 0, 1), mean=nan,
+                        frequency_raw=nan if missing_frequency else f, mean_raw=nan,
+                        frequency_se=nan if missing_frequency else se, mean_se=nan, n_reports=int(counts[0]),
+                        mechanism=self.name, epsilon=self.epsilon,
+                        frequency_status=pending.copy() if missing_frequency else status_array(self.d),
+                        mean_status=pending.copy())
         return ProtocolState(1, rank, False, self.epsilon, est)
 
     # final round: GRR over candidate (+ dummy) pairs
     def final_estimates(self, state: ProtocolState, counts: np.ndarray, n_keys: int, scale: int) -> Estimates:
         """Calibrate the GRR round: ``f = scale((n+ + n-)/n - 2q)/(p - q)``,
-        ``m = scale(n+ - n-)/((p - q) f n)``, written into the candidates' slots."""
+        ``m = scale(n+ - n-)/((p - q) f n)``, written into the candidates' slots.
+
+        Standard errors: delta method at the expected counts of the clipped
+        ``(f, m)``: a share ``g = f/scale`` of the group sends its candidate
+        pair, ``+`` w.p. ``p (1+m)/2 + q (1-m)/2``, every other pair w.p. ``q``."""
         n = int(counts[0])
         width = (len(counts) - 1) // 2
         plus = counts[1:1 + width][:self.n_candidates].astype(np.float64)
@@ -230,17 +242,28 @@ class _KeyStrategyProtocol(Protocol):
             f_raw, m_raw = f_of(stack), m_of(stack)
             f = np.clip(f_raw, 1.0 / max(n, 1), 1.0)
             m = np.clip(scale * (plus - minus) / ((p - q) * f * n), -1.0, 1.0)
+        g = np.clip(f / scale, 0.0, 1.0)
+        up = p * (1 + m) / 2 + q * (1 - m) / 2
+        down = p * (1 - m) / 2 + q * (1 + m) / 2
+        probs = np.stack([g * up + (1 - g) * q, g * down + (1 - g) * q, 1 - (g * (p + q) + (1 - g) * 2 * q)])
+        f_se = np.sqrt(multinomial_delta_variance(f_of, stack, probs))
+        m_se = np.sqrt(multinomial_delta_variance(m_of, stack, probs))
         prev = state.estimates
         rank = state.broadcast.astype(np.int64)
         cand = np.flatnonzero(rank >= 0)
         slot = rank[cand]
         out = {name: getattr(prev, name).astype(np.float64).copy()
                for name in ("frequency", "mean", "frequency_raw", "mean_raw", "frequency_se", "mean_se")}
+        f_status, m_status = prev.frequency_status.copy(), prev.mean_status.copy()
         out["frequency"][cand], out["frequency_raw"][cand] = f[slot], f_raw[slot]
         out["mean"][cand], out["mean_raw"][cand] = m[slot], m_raw[slot]
-        out["frequency_se"][cand] = np.sqrt(multinomial_delta_variance(f_of, stack))[slot]
-        out["mean_se"][cand] = np.sqrt(multinomial_delta_variance(m_of, stack))[slot]
-        return Estimates(**out, n_reports=n, mechanism=self.name, epsilon=self.epsilon)
+        out["frequency_se"][cand] = f_se[slot]
+        out["mean_se"][cand] = m_se[slot]
+        f_status[cand], m_status[cand] = STATUS_OK, STATUS_OK
+        not_positive = np.zeros(self.d, dtype=bool)
+        not_positive[cand] = ~(f_raw[slot] > 0)
+        return with_statuses(**out, n_reports=n, mechanism=self.name, epsilon=self.epsilon,
+                             mean_not_estimable=not_positive, frequency_status=f_status, mean_status=m_status)
 
     def candidate_index(self, users: UserBatch, state: ProtocolState):
         """Each pair's candidate rank (-1 outside ``TKS``)."""

@@ -6,7 +6,12 @@
   an estimated top-``t`` set scores the sum of its keys' scores over the
   maximum ``t(t+1)/2``;
 * MSE over the intersection of the true and the estimated top-``t`` sets
-  (KSKV §5: only keys the mechanism found).
+  (KSKV §5: only keys the mechanism found);
+* coverage of the standard errors: the share of keys whose truth lies within
+  ``±z s.e.`` of the estimate.
+
+Null (NaN) estimates -- keys a mechanism cannot estimate -- are left out of
+the MSEs and the coverage and counted apart (``null_count``).
 """
 from __future__ import annotations
 
@@ -26,11 +31,34 @@ def ncr(true_frequency: np.ndarray, est_frequency: np.ndarray, t: int) -> float:
 
 
 def mse(estimate: np.ndarray, truth: np.ndarray, keys=None) -> float:
-    """Mean squared error over ``keys`` (all by default), skipping undefined truths."""
+    """Mean squared error over ``keys`` (all by default), skipping undefined
+    truths and null (NaN) estimates."""
     estimate, truth = np.asarray(estimate, float), np.asarray(truth, float)
     keys = np.arange(len(truth)) if keys is None else np.asarray(keys)
-    keys = keys[np.isfinite(truth[keys])]
+    keys = keys[np.isfinite(truth[keys]) & np.isfinite(estimate[keys])]
     return float(np.mean((estimate[keys] - truth[keys]) ** 2)) if len(keys) else float("nan")
+
+
+def null_count(estimate: np.ndarray, truth: np.ndarray, keys=None) -> int:
+    """Keys of ``keys`` with a defined truth but a null (NaN) estimate."""
+    estimate, truth = np.asarray(estimate, float), np.asarray(truth, float)
+    keys = np.arange(len(truth)) if keys is None else np.asarray(keys)
+    return int(np.sum(np.isfinite(truth[keys]) & ~np.isfinite(estimate[keys])))
+
+
+def coverage(estimate: np.ndarray, se: np.ndarray, truth: np.ndarray, keys=None, z: float = 1.96):
+    """``(share covered, keys scored, keys with s.e. == 0)``: among ``keys``
+    with a defined truth and a non-null estimate and s.e., the share whose
+    truth lies within ``estimate ± z se``. Keys with a null estimate or s.e.
+    are not scored (see :func:`null_count`)."""
+    estimate, se, truth = (np.asarray(x, float) for x in (estimate, se, truth))
+    keys = np.arange(len(truth)) if keys is None else np.asarray(keys)
+    keys = keys[np.isfinite(truth[keys]) & np.isfinite(estimate[keys]) & np.isfinite(se[keys])]
+    zero = int(np.sum(se[keys] == 0))
+    if not len(keys):
+        return float("nan"), 0, zero
+    covered = np.abs(estimate[keys] - truth[keys]) <= z * se[keys]
+    return float(np.mean(covered)), int(len(keys)), zero
 
 
 def top_t_intersection(true_frequency, est_frequency, t: int) -> np.ndarray:

@@ -40,7 +40,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .base import Estimates, Mechanism, ReportBatch, UserBatch
+from .base import Estimates, Mechanism, ReportBatch, UserBatch, with_statuses
 from .randomness import bernoulli_positions
 from .sampling import padding_and_sampling
 
@@ -154,12 +154,13 @@ class _PCKV(Mechanism):
         m = (np.clip(n1s, low, N) - np.clip(n2s, low, N)) / N
         with np.errstate(divide="ignore", invalid="ignore"):
             m_raw = (n1s - n2s) / (n * f_raw / l)
-        var_f, var_m = self.variance(n, f, m)
-        return Estimates(
-            frequency=f, mean=np.clip(m, -1.0, 1.0), frequency_raw=f_raw, mean_raw=m_raw,
-            frequency_se=np.sqrt(var_f), mean_se=np.sqrt(var_m),
-            n_reports=n, mechanism=self.name, epsilon=self.epsilon,
-        )
+        # Theorem 4 at the clipped estimates (f >= 1/n): both terms stay > 0.
+        # A mean needs holders: null where f_raw <= 0 (m would be a boundary
+        # value of the clipped counts over N = 1/l).
+        var_f, var_m = self.variance(n, f, np.clip(m, -1.0, 1.0))
+        return with_statuses(f, np.clip(m, -1.0, 1.0), f_raw, m_raw, np.sqrt(var_f), np.sqrt(var_m),
+                             n_reports=n, mechanism=self.name, epsilon=self.epsilon,
+                             mean_not_estimable=~(f_raw > 0))
 
     def theoretical_variance(self, n: int, f, m):
         return self.variance(n, f, np.nan_to_num(np.asarray(m, dtype=np.float64)))

@@ -16,8 +16,21 @@ privacy ``eps1 + eps2``.
 Counts per key: ``M1 = #<1,+1>``, ``M_1 = #<1,-1>``, ``M0 = #<0,0>``, ``M``
 their sum (the users who sampled the key, about ``n/d``).
 
-Standard errors come from the delta method over the per-key multinomial
-(``variance.multinomial_delta_variance``) applied to the raw estimators.
+Standard errors. The frequency's is exact for this linear estimator,
+``sqrt(f'(1-f')/M)/(2 p1 - 1)``, with ``f' = f p1 + (1-f)(1-p1)`` at the
+estimate clipped into ``[0, 1]`` (so never below the key bit's noise floor
+``p1 (1-p1)``). PrivKV-A's mean: the delta method over the per-key
+multinomial at the LPP model's report distribution for the clipped
+``(f, m)`` (``variance.multinomial_delta_variance``).
+
+The means of PrivKV, PrivKVM-VI (and PrivKVM, PrivKVM+) are **biased**:
+every key bit of 1 from a non-holder brings a fake value into the mean
+(Theorem 5.3: ``E[m] = theta E[m~] + (1 - theta) m``, ``theta`` the share of
+non-holders among them), by several of the estimator's own s.d. at
+``n = 10^5`` (measured: ``|bias|/sd`` median 2.8-4.6 for PrivKV, coverage of
+a correct-spread +-1.96 s.e. interval 0.24-0.38). They carry no standard
+error (``mean_status = "biased"``). A mean is null where the estimated
+frequency is <= 0 (no holder to average over) or the key had no reports.
 """
 from __future__ import annotations
 
@@ -26,10 +39,10 @@ from typing import Mapping
 
 import numpy as np
 
-from .base import Estimates, Mechanism, ReportBatch, UserBatch
+from .base import Estimates, Mechanism, ReportBatch, UserBatch, with_statuses
 from .sampling import discretise, uniform_key_sampling
 from .symbols import accumulate_symbols, symbol_stack
-from .variance import multinomial_delta_variance
+from .variance import mixture_probabilities, multinomial_delta_variance
 
 FAKE_UNIFORM = "uniform"
 
@@ -122,6 +135,36 @@ def privkv_a_counts(stack: np.ndarray, p1: float, p2: float):
     return N1, N_1, M
 
 
+def lpp_probabilities(f, m, p1: float, p2: float, fake_mean=0.0) -> np.ndarray:
+    """``(3, d)`` distribution of a key's LPP reports ``[<1,+1>, <1,-1>, <0,0>]``
+    when a share ``f`` of its samplers hold it with mean ``m`` (clipped into
+    ``[0, 1]``, ``[-1, 1]``) and non-holders' fake values average
+    ``fake_mean`` (0 for PrivKV's uniform ``m~``, the broadcast otherwise)."""
+    up = (1.0 + np.asarray(fake_mean, dtype=np.float64)) / 2.0
+    fake_plus = up * p2 + (1.0 - up) * (1.0 - p2)
+    non_holder = np.stack(np.broadcast_arrays((1 - p1) * fake_plus, (1 - p1) * (1 - fake_plus),
+                                              np.full_like(fake_plus, p1)))
+    return mixture_probabilities(f, m, [p1 * p2, p1 * (1 - p2), 1 - p1], [p1 * (1 - p2), p1 * p2, 1 - p1],
+                                 non_holder)
+
+
+def lpp_frequency_variance(f, M, p1: float) -> np.ndarray:
+    """Exact ``Var f_hat = f'(1-f')/(M (2 p1 - 1)^2)``, ``f' = f p1 + (1-f)(1-p1)``,
+    at ``f`` clipped into ``[0, 1]``: ``>= p1 (1 - p1)/(M (2p1-1)^2) > 0``
+    (NaN where ``M = 0``)."""
+    f = np.clip(np.nan_to_num(np.asarray(f, dtype=np.float64)), 0.0, 1.0)
+    fp = f * p1 + (1 - f) * (1 - p1)
+    M = np.asarray(M, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(M > 0, fp * (1 - fp) / (M * (2 * p1 - 1) ** 2), np.nan)
+
+
+def lpp_frequency(stack: np.ndarray, p1: float):
+    """``(f_raw, M)``: Alg. 4's frequency, NaN for keys without reports."""
+    M = stack.sum(axis=0)
+    return np.where(M > 0, privkv_frequency(stack, p1), np.nan), M
+
+
 class _LPPMechanism(Mechanism):
     """One LPP round with key budget ``eps1 = key_share eps`` and value budget
     ``eps2 = eps - eps1``; counts ``[n, M1[d], M_1[d], M0[d]]``."""
@@ -150,14 +193,20 @@ class _LPPMechanism(Mechanism):
     def accumulate(self, counts: np.ndarray, reports: ReportBatch) -> np.ndarray:
         return lpp_accumulate(counts, reports, self.d)
 
-    def _estimates(self, counts, f_raw_fn, m_raw_fn, f, m) -> Estimates:
-        stack = lpp_split(counts, self.d)
-        f_raw, m_raw = f_raw_fn(stack), m_raw_fn(stack)
-        return Estimates(
-            frequency=f, mean=np.clip(m, -1.0, 1.0), frequency_raw=f_raw, mean_raw=m_raw,
-            frequency_se=np.sqrt(multinomial_delta_variance(f_raw_fn, stack)),
-            mean_se=np.sqrt(multinomial_delta_variance(m_raw_fn, stack)),
-            n_reports=int(counts[0]), mechanism=self.name, epsilon=self.epsilon)
+    mean_biased = True        # PrivKV's and PrivKVM-VI's means; PrivKV-A overrides
+
+    def _estimates(self, stack, m, m_raw, mean_se=None) -> Estimates:
+        """Round 1's frequency (Alg. 4) with its exact s.e., and the mean
+        ``m`` (clipped) / ``m_raw`` with ``mean_se`` (None for the biased means)."""
+        f_raw, M = lpp_frequency(stack, self.p1)
+        with np.errstate(invalid="ignore"):
+            not_positive = ~(f_raw > 0)
+        return with_statuses(
+            np.clip(f_raw, 0.0, 1.0), np.clip(m, -1.0, 1.0), f_raw, np.where(M > 0, m_raw, np.nan),
+            np.sqrt(lpp_frequency_variance(f_raw, M, self.p1)),
+            np.full(self.d, np.nan) if mean_se is None else mean_se,
+            n_reports=int(stack.sum()), mechanism=self.name, epsilon=self.epsilon,
+            no_reports=M == 0, mean_not_estimable=not_positive, mean_biased=self.mean_biased)
 
     def output_probabilities(self, pairs) -> np.ndarray:
         """Exact report distribution (privacy audits): see :func:`lpp_output_probabilities`."""
@@ -172,10 +221,9 @@ class PrivKV(_LPPMechanism):
 
     def estimate(self, counts: np.ndarray) -> Estimates:
         stack = lpp_split(counts, self.d)
-        f_fn = lambda s: privkv_frequency(s, self.p1)                    # noqa: E731
-        m_fn = lambda s: privkv_mean(s, self.p2, clip=False)             # noqa: E731
-        return self._estimates(counts, f_fn, m_fn, np.clip(f_fn(stack), 0.0, 1.0),
-                               privkv_mean(stack, self.p2, clip=True))
+        N = stack[0] + stack[1]
+        m_raw = np.where(N > 0, privkv_mean(stack, self.p2, clip=False), np.nan)
+        return self._estimates(stack, privkv_mean(stack, self.p2, clip=True), m_raw)
 
 
 class PrivKVA(_LPPMechanism):
@@ -200,10 +248,18 @@ class PrivKVA(_LPPMechanism):
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(N1 + N_1 != 0, (N1 - N_1) / (N1 + N_1), 0.0)
 
+    mean_biased = False
+
     def estimate(self, counts: np.ndarray) -> Estimates:
+        """Frequency as PrivKV's (the same linear estimator); mean = ratio of
+        the unbiased counts (clipped into ``[0, M]``), s.e. by the delta
+        method at the LPP model for the clipped ``(f, m)``."""
         stack = lpp_split(counts, self.d)
-        return self._estimates(counts, self._f, self._m, np.clip(self._f(stack, clip=True), 0.0, 1.0),
-                               self._m(stack, clip=True))
+        f_raw = self._f(stack)
+        m_raw = np.where(f_raw != 0, self._m(stack), np.nan)
+        probs = lpp_probabilities(f_raw, m_raw, self.p1, self.p2)
+        mean_se = np.sqrt(multinomial_delta_variance(self._m, stack, probs))
+        return self._estimates(stack, self._m(stack, clip=True), m_raw, mean_se)
 
 
 def virtual_iterations(m1: np.ndarray, f: np.ndarray, p: float, m_tilde, c: int) -> np.ndarray:
@@ -211,8 +267,8 @@ def virtual_iterations(m1: np.ndarray, f: np.ndarray, p: float, m_tilde, c: int)
     ``m^(c) = m~ + (m^(1) - m~)(1 - theta^c)/(1 - theta)`` (``c`` terms of the
     geometric series, ``= c`` in the limit ``theta -> 1``)."""
     f = np.asarray(f, dtype=np.float64)
-    theta = (f * p - f - p + 1.0) / (2.0 * f * p - f - p + 1.0)
     with np.errstate(divide="ignore", invalid="ignore"):
+        theta = (f * p - f - p + 1.0) / (2.0 * f * p - f - p + 1.0)
         # the limit c only where theta is 1 to rounding: the closed form is
         # accurate until 1 - theta nears machine precision
         series = np.where(np.abs(1.0 - theta) < 1e-12, float(c), (1.0 - theta ** c) / (1.0 - theta))
@@ -243,7 +299,8 @@ class PrivKVMVirtual(_LPPMechanism):
         return virtual_iterations(privkv_mean(stack, self.p2, clip=clip), f, self.p1, 1.0, self.rounds)
 
     def estimate(self, counts: np.ndarray) -> Estimates:
+        """Alg. 7 on the clipped ``(f, m^(1))`` (then clipped); raw: on the raw
+        ones. Biased (towards ``m~ = 1`` by ``theta^c (1 - m)``): no s.e.; null
+        where ``f <= 0`` (the extrapolation would run to a boundary value)."""
         stack = lpp_split(counts, self.d)
-        f_fn = lambda s: privkv_frequency(s, self.p1)                    # noqa: E731
-        return self._estimates(counts, f_fn, self._m, np.clip(f_fn(stack), 0.0, 1.0),
-                               self._m(stack, clip=True))
+        return self._estimates(stack, self._m(stack, clip=True), self._m(stack))

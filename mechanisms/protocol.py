@@ -109,7 +109,7 @@ class ProtocolState:
 
 
 def _eq(a, b) -> bool:
-    return (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
+    return (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b, equal_nan=True))
 
 
 class Protocol(abc.ABC):

@@ -26,7 +26,11 @@ paper's ``N_A - N_B`` has the sign backwards).
 Post-processing: state counts clipped into ``[0, M]`` (PrivKV's clipping),
 ratios into ``[0, 1]`` / ``[-1, 1]``; the raw values are reported too (the
 ratio means are heavy-tailed when few users hold a key). Standard errors of
-``f`` and ``m``: delta method over each key's multinomial of symbols.
+``f`` and ``m``: delta method over each key's multinomial of symbols, at the
+symbol distribution the mechanism gives for the estimates clipped into
+``[0, 1]`` x ``[-1, 1]`` (``symbol_probabilities``): never 0, also where a
+symbol was not observed. A key without reports has null estimates; a mean
+is null where the estimated frequency is <= 0.
 """
 from __future__ import annotations
 
@@ -35,11 +39,11 @@ from typing import Mapping
 
 import numpy as np
 
-from .base import Estimates, Mechanism, ReportBatch, UserBatch
+from .base import Estimates, Mechanism, ReportBatch, UserBatch, with_statuses
 from .privkv import rr_keep
 from .sampling import discretise, uniform_key_sampling
 from .symbols import accumulate_symbols, symbol_stack
-from .variance import multinomial_delta_variance
+from .variance import mixture_probabilities, multinomial_delta_variance
 
 
 def states_of(held: np.ndarray, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -84,15 +88,27 @@ class _StateMechanism(Mechanism):
         N0, _, N2, M = self.state_counts(stack)
         return ratio_estimates(N0, N2, M, clip)[1]
 
+    def model_probabilities(self, f, m) -> np.ndarray:
+        """``(c, d)`` symbol distribution of a key's reports for frequency
+        ``f`` and mean ``m`` (clipped into ``[0, 1]``, ``[-1, 1]``)."""
+        return mixture_probabilities(f, m, self.symbol_probabilities(2, 0), self.symbol_probabilities(0, 0),
+                                     self.symbol_probabilities(1, 0))
+
     def estimate(self, counts: np.ndarray) -> Estimates:
         stack = self.stack(counts)
+        M = stack.sum(axis=0)
         f, m = self._f(stack, clip=True), self._m(stack, clip=True)
-        return Estimates(
-            frequency=np.clip(f, 0.0, 1.0), mean=np.clip(m, -1.0, 1.0),
-            frequency_raw=self._f(stack), mean_raw=self._m(stack),
-            frequency_se=np.sqrt(multinomial_delta_variance(self._f, stack)),
-            mean_se=np.sqrt(multinomial_delta_variance(self._m, stack)),
-            n_reports=int(counts[0]), mechanism=self.name, epsilon=self.epsilon)
+        f_raw = np.where(M > 0, self._f(stack), np.nan)
+        with np.errstate(invalid="ignore"):
+            not_positive = ~(f_raw > 0)
+        m_raw = np.where((f_raw == 0) | np.isnan(f_raw), np.nan, self._m(stack))      # 0/0 where f = 0
+        probs = self.model_probabilities(f_raw, m_raw)
+        return with_statuses(
+            np.clip(f, 0.0, 1.0), np.clip(m, -1.0, 1.0), f_raw, m_raw,
+            np.sqrt(multinomial_delta_variance(self._f, stack, probs)),
+            np.sqrt(multinomial_delta_variance(self._m, stack, probs)),
+            n_reports=int(counts[0]), mechanism=self.name, epsilon=self.epsilon,
+            no_reports=M == 0, mean_not_estimable=not_positive)
 
     def symbol_probabilities(self, state: int, j: int) -> np.ndarray:
         """P(symbol | the user's state for key ``j``), over ``self.symbols``."""

@@ -5,9 +5,15 @@ Every cell is one ``simulate`` pipeline (any Beam runner through the usual
 options) whose estimates are scored against the simulated truth: MSE of
 frequency and mean over all keys and over the top-``t`` keys (with the
 closed-form theory where the mechanism has one), NCR of the top-``t`` set
-and the MSEs over the keys it found. Cells run in parallel worker
-processes (``--parallel``); a rerun with the same ``--out`` skips the cells
-``results.csv`` already holds.
+and the MSEs over the keys it found, and whether the standard errors mean
+what they say: the coverage of ``raw estimate ± 1.96 s.e.`` over all keys, the
+keys with s.e. 0, and the keys left null (not estimable) or without an s.e.
+(null estimates are left out of the MSEs and counted apart). Cells run in
+parallel worker processes (``--parallel``); a rerun with the same ``--out``
+skips the cells ``results.csv`` already holds. ``--engine numpy`` runs each
+cell on the pure-NumPy local runner instead of a Beam pipeline (the same
+estimates for the same seed, several times faster; built-in datasets only).
+``coverage.md`` tabulates the coverage per mechanism and epsilon.
 """
 from __future__ import annotations
 
@@ -23,8 +29,13 @@ import numpy as np
 from tqdm import tqdm
 
 from mechanisms import metrics, registry
+from mechanisms.local import run_local
+from mechanisms.protocol import run_protocol_local
 from pipelines import common, figures, simulate
 from pipelines.presets import PRESETS
+
+Z95 = 1.96
+COVERAGE_METRICS = ("coverage", "scored", "se_zero", "null", "null_se")
 
 FIELDS = ["mechanism", "epsilon", "repeat", "metric", "key_set", "value", "theory", "dataset", "n_users"]
 
@@ -37,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--out", required=True, help="folder for results.csv, runs/ and the figures")
     parser.add_argument("--parallel", type=int, default=min(2, os.cpu_count() or 1),
                         help="cells run at once, each in its own process")
+    parser.add_argument("--engine", choices=("beam", "numpy"), default="beam",
+                        help="run each cell as a Beam pipeline (default) or on the pure-NumPy local runner "
+                             "(same estimates, faster; built-in datasets only)")
     parser.add_argument("--top", "--top-sets", dest="top_sets", default=None,
                         help="top-t key sets to score, e.g. 20,50 (default 50); KS-GRR/KS-Adap use the largest as t")
     common.add_mechanism_args(parser, single=False)
@@ -76,12 +90,14 @@ def done_cells(path: Path) -> set:
         return {(r["mechanism"], float(r["epsilon"]), int(r["repeat"])) for r in csv.DictReader(fh)}
 
 
+def _column(records, field):
+    return np.array([np.nan if r.get(field) is None else r[field] for r in records], dtype=float)
+
+
 def score(records: list[dict], mechanism, n_users: int, tops, run_info) -> list[dict]:
     """Tidy metric rows of one run, with theory where the mechanism has one."""
-    f = np.array([r["frequency"] for r in records], dtype=float)
-    m = np.array([r["mean"] for r in records], dtype=float)
-    tf = np.array([np.nan if r["true_frequency"] is None else r["true_frequency"] for r in records])
-    tm = np.array([np.nan if r["true_mean"] is None else r["true_mean"] for r in records])
+    f, m = _column(records, "frequency"), _column(records, "mean")
+    tf, tm = _column(records, "true_frequency"), _column(records, "true_mean")
     theory = mechanism.theoretical_variance(n_users, tf, tm) if n_users else None
     rows = []
 
@@ -101,6 +117,18 @@ def score(records: list[dict], mechanism, n_users: int, tops, run_info) -> list[
         add("ncr", f"top{t}", metrics.ncr(tf, f, t))
         add("mse_frequency_found", f"top{t}", metrics.mse(f, tf, found))
         add("mse_mean_found", f"top{t}", metrics.mse(m, tm, found))
+    for what, est, truth in (("frequency", f, tf), ("mean", m, tm)):
+        # the s.e. is the raw estimator's: its interval raw ± 1.96 s.e. holds
+        # the truth iff its clip into the valid range does; the clipped point
+        # estimate ± 1.96 s.e. covers more where clipping moved it to the truth
+        se, raw = _column(records, f"{what}_se"), _column(records, f"{what}_raw")
+        share, scored, zero = metrics.coverage(raw, se, truth, z=Z95)
+        add(f"coverage_{what}", "all", share)
+        add(f"coverage_clipped_{what}", "all", metrics.coverage(est, se, truth, z=Z95)[0])
+        add(f"scored_{what}", "all", scored)
+        add(f"se_zero_{what}", "all", zero)
+        add(f"null_{what}", "all", metrics.null_count(est, truth))
+        add(f"null_se_{what}", "all", int(np.sum(np.isfinite(truth) & np.isfinite(est) & ~np.isfinite(se))))
     return rows
 
 
@@ -114,10 +142,73 @@ def run_cell(cell, args, beam_args, out_dir: str):
     cell_args.query, cell_args.fanout = [], None
     cell_args.top = max(top_sets(args))        # KS-GRR/KS-Adap: candidates cover the largest set
     cell_args.lenient = True                 # a sweep mixes mechanisms: drop options one does not take
-    out = simulate.execute(cell_args, beam_args)
+    out = (run_numpy if getattr(args, "engine", "beam") == "numpy" else simulate.execute)(cell_args, beam_args)
     n_users = out["n_users"] or out["stats"].get("users_assembled") or args.users
     info = {"mechanism": name, "epsilon": eps, "repeat": repeat, "dataset": out["dataset"], "n_users": n_users}
     return score(out["records"], out["mechanism"], n_users, top_sets(args), info)
+
+
+def run_numpy(args, beam_args) -> dict:
+    """``simulate.execute`` on the pure-NumPy local runner: the same seeds,
+    dataset, mechanism and records (not written to a file)."""
+    from pipelines.graphs import to_records       # plain function; keeps the Beam graph module's import lazy
+
+    seeds = common.Seeds.from_arg(args.seed)
+    dataset = common.built_in_dataset(args, seeds.data)
+    if dataset is None:
+        raise ValueError("--engine numpy runs built-in datasets only (synthetic-*, clothing, movielens-100k)")
+    ioh_keys = common.resolve_ioh_keys(args, beam_args, dataset.key_names, dataset, None)
+    mechanism = common.make_mechanism(args, dataset.d, dataset, ioh_keys)
+    if registry.is_protocol(mechanism):
+        result = run_protocol_local(mechanism, dataset, seeds.perturb, args.batch_size)
+        keys = None
+    else:
+        result = run_local(mechanism, dataset, seeds.perturb, args.batch_size)
+        keys = mechanism.estimate_keys
+    records = to_records(result.estimates, dataset.key_names, result.truth, keys=keys)
+    return {"mechanism": mechanism, "dataset": dataset.name, "records": records, "n_users": dataset.n_users,
+            "stats": {}}
+
+
+def coverage_table(results_csv) -> str:
+    """Markdown: per mechanism and epsilon, over the repeats, the coverage of
+    ``raw ± 1.96 s.e.`` (in brackets: ``clipped ± 1.96 s.e.``), pooled over
+    keys and repeats, for frequency and mean; the keys with s.e. 0 (summed
+    over repeats); the null estimates and the estimates without s.e.
+    (averaged per repeat)."""
+    with open(results_csv, newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["key_set"] == "all"]
+    cells: dict = {}
+    for r in rows:
+        key = (r["dataset"], r["mechanism"], float(r["epsilon"]))
+        cells.setdefault(key, {}).setdefault(r["metric"], []).append(float(r["value"]))
+    out = ["| dataset | mechanism | eps | repeats | freq coverage (clipped) | mean coverage (clipped) "
+           "| #s.e.=0 f/m (all repeats) | #null f/m (per run) | #no s.e. f/m (per run) |",
+           "|---|---|---|---|---|---|---|---|---|"]
+
+    def pooled(c, what, prefix="coverage_"):
+        share, scored = c.get(f"{prefix}{what}", []), c.get(f"scored_{what}", [])
+        hits = sum(s * k for s, k in zip(share, scored) if k > 0)
+        total = sum(k for k in scored if k > 0)
+        return f"{hits / total:.3f}" if total else "–"
+
+    def both(c, what):
+        main, clipped = pooled(c, what), pooled(c, what, "coverage_clipped_")
+        return main if main == "–" else f"{main} ({clipped})"
+
+    def per_run(c, metric):
+        vals = c.get(metric, [])
+        return f"{np.mean(vals):.4g}" if vals else "–"
+
+    for (dataset, mech, eps), c in sorted(cells.items()):
+        if "coverage_frequency" not in c:
+            continue
+        reps = len(c["coverage_frequency"])
+        zeros = f"{int(sum(c['se_zero_frequency']))}/{int(sum(c['se_zero_mean']))}"
+        out.append(f"| {dataset} | {mech} | {eps:g} | {reps} | {both(c, 'frequency')} | {both(c, 'mean')} | "
+                   f"{zeros} | {per_run(c, 'null_frequency')}/{per_run(c, 'null_mean')} | "
+                   f"{per_run(c, 'null_se_frequency')}/{per_run(c, 'null_se_mean')} |")
+    return "\n".join(out) + "\n"
 
 
 def top_sets(args) -> list[int]:
@@ -150,6 +241,9 @@ def run(args, beam_args) -> dict:
                 writer.writerows(run_cell(c, args, beam_args, str(out_dir)))
                 fh.flush()
     pngs = figures.plot_results(results, out_dir)
+    table = coverage_table(results)
+    (out_dir / "coverage.md").write_text(table)
+    print(table)
     print(f"results: {results}")
     for png in pngs:
         print(f"figure: {png}")

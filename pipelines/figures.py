@@ -2,7 +2,8 @@
 
 MSE of frequency and of mean against epsilon (log scale), one line per
 mechanism (mean over repeats, bars: min-max), the closed-form theory dashed
-in the same colour; NCR against epsilon for each top-t set.
+in the same colour; NCR against epsilon for each top-t set; the coverage of
+``± 1.96 s.e.`` (frequency and mean) against epsilon with the nominal 0.95.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def _series(rows, metric, key_set):
     return out
 
 
-def _plot(series, title: str, ylabel: str, path: Path, log: bool):
+def _plot(series, title: str, ylabel: str, path: Path, log: bool, reference: float | None = None):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -55,6 +56,8 @@ def _plot(series, title: str, ylabel: str, path: Path, log: bool):
         theory = [(p[0], p[4]) for p in pts if p[4] is not None and p[4] > 0]
         if theory:
             ax.plot(*zip(*theory), linestyle="--", color=colour, alpha=0.8, label=f"{mech} (theory)")
+    if reference is not None:
+        ax.axhline(reference, color="grey", linestyle=":", label=f"nominal {reference:g}")
     if log:
         ax.set_yscale("log")
     ax.set_xlabel("epsilon")
@@ -84,4 +87,9 @@ def plot_results(results_csv, out_dir) -> list[Path]:
     for key_set in sorted({r["key_set"] for r in rows if r["metric"] == "ncr"}):
         pngs.append(_plot(_series(rows, "ncr", key_set), f"NCR of the {key_set} keys — {dataset}", "NCR",
                           out_dir / f"ncr_{key_set}.png", log=False))
+    for metric, label in (("coverage_frequency", "frequency"), ("coverage_mean", "mean")):
+        series = _series(rows, metric, "all")
+        if series:
+            pngs.append(_plot(series, f"Coverage of ± 1.96 s.e., {label} — {dataset}", "coverage", out_dir /
+                              f"{metric}.png", log=False, reference=0.95))
     return pngs

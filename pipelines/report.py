@@ -15,6 +15,9 @@ from mechanisms import metrics
 from transforms.io import format_of
 
 
+TEXT_FIELDS = ("key", "mechanism", "frequency_status", "mean_status")
+
+
 def read_text(path: str) -> str:
     with FileSystems.open(path) as fh:
         return fh.read().decode("utf-8")
@@ -30,7 +33,7 @@ def read_estimates(path: str) -> list[dict]:
     if fmt == "jsonl":
         return [json.loads(line) for line in text.splitlines() if line.strip()]
     rows = list(csv.DictReader(io.StringIO(text)))
-    numeric = set(schemas.ESTIMATE_FIELDS) - {"key", "mechanism"}
+    numeric = set(schemas.ESTIMATE_FIELDS) - set(TEXT_FIELDS)
     return [{k: (None if v == "" else float(v)) if k in numeric else v for k, v in r.items()} for r in rows]
 
 
@@ -55,8 +58,13 @@ def mse_summary(records: list[dict], top: int = 50) -> dict[str, float]:
     }
 
 
+def _num(value, width: int, digits: int) -> str:
+    return f"{value:{width}.{digits}f}" if value is not None else f"{'null':>{width}}"
+
+
 def print_table(records: list[dict], rows: int = 10, out=None):
-    """The most frequent keys: truth (when known) next to estimate ± s.e."""
+    """The most frequent keys: truth (when known) next to estimate ± s.e.
+    (``null`` where not estimable, the status alongside)."""
     out = out or sys.stdout
     has_truth = any(r.get("true_frequency") is not None for r in records)
     order_field = "true_frequency" if has_truth else "frequency"
@@ -66,12 +74,18 @@ def print_table(records: list[dict], rows: int = 10, out=None):
               file=out)
     else:
         print(f"{'key':>10} {'est f':>9} {'± s.e.':>9} {'est m':>8} {'± s.e.':>8}", file=out)
+    notes = set()
     for r in ranked:
-        se_m = "" if r.get("mean_se") is None else f"{r['mean_se']:8.4f}"
+        f, se_f = _num(r.get("frequency"), 9, 5), _num(r.get("frequency_se"), 9, 5)
+        m, se_m = _num(r.get("mean"), 8, 4), _num(r.get("mean_se"), 8, 4)
+        status = [s for s in (r.get("frequency_status"), r.get("mean_status")) if s not in (None, "ok")]
+        notes.update(status)
+        tail = f"  ({', '.join(dict.fromkeys(status))})" if status else ""
         if has_truth:
             tm = "" if r.get("true_mean") is None else f"{r['true_mean']:8.4f}"
-            print(f"{r['key']:>10} {r['true_frequency']:9.5f} {r['frequency']:9.5f} {r['frequency_se']:9.5f} "
-                  f"{tm:>8} {r['mean']:8.4f} {se_m:>8}", file=out)
+            print(f"{r['key']:>10} {r['true_frequency']:9.5f} {f} {se_f} {tm:>8} {m} {se_m}{tail}", file=out)
         else:
-            print(f"{r['key']:>10} {r['frequency']:9.5f} {r['frequency_se']:9.5f} {r['mean']:8.4f} {se_m:>8}",
-                  file=out)
+            print(f"{r['key']:>10} {f} {se_f} {m} {se_m}{tail}", file=out)
+    if "biased" in notes:
+        print("biased: this mechanism's mean estimator is biased (fake values of non-holders pull it), so it "
+              "has no standard error", file=out)

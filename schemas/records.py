@@ -19,21 +19,29 @@ def _opt(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _status(statuses, k: int) -> str:
+    return "ok" if statuses is None else str(statuses[k])
+
+
 def estimate_records(est: Estimates, key_names: Sequence[str], true_frequency=None,
                      true_mean=None) -> list[dict]:
-    """One ``estimate.avsc`` record per key (truth fields only in simulations)."""
+    """One ``estimate.avsc`` record per key (truth fields only in
+    simulations). NaN estimates and standard errors become null; the
+    statuses say why."""
     if len(key_names) != est.d:
         raise ValueError(f"{len(key_names)} key names for {est.d} estimates")
     out = []
     for k, name in enumerate(key_names):
         out.append({
             "key": str(name),
-            "frequency": float(est.frequency[k]),
-            "mean": float(est.mean[k]),
-            "frequency_raw": float(est.frequency_raw[k]),
+            "frequency": _opt(est.frequency[k]),
+            "mean": _opt(est.mean[k]),
+            "frequency_raw": _opt(est.frequency_raw[k]),
             "mean_raw": _opt(est.mean_raw[k]),
-            "frequency_se": float(est.frequency_se[k]),
+            "frequency_se": _opt(est.frequency_se[k]),
             "mean_se": _opt(est.mean_se[k]),
+            "frequency_status": _status(est.frequency_status, k),
+            "mean_status": _status(est.mean_status, k),
             "n_reports": int(est.n_reports),
             "mechanism": est.mechanism,
             "epsilon": float(est.epsilon),
@@ -113,7 +121,7 @@ def broadcast_records(state, config: dict, key_names: Sequence[str]) -> list[dic
                     "extra": json.dumps(dict(state.extra)),
                     "collection": "" if state.collection is None else state.collection.to_json(),
                     **{k: rec[k] for k in ("frequency", "mean", "frequency_raw", "mean_raw", "frequency_se",
-                                           "mean_se", "n_reports")}})
+                                           "mean_se", "frequency_status", "mean_status", "n_reports")}})
     return out
 
 
@@ -129,9 +137,11 @@ def state_from_broadcast(records: Sequence[dict], key_names: Sequence[str], mech
     rounds = {r["round"] for r in rows}
     if len(rounds) != 1:
         raise ValueError(f"broadcast mixes rounds {sorted(rounds)}")
+    status = lambda f: np.array([r.get(f) or "ok" for r in rows], dtype=object)  # noqa: E731
     est = Estimates(frequency=col("frequency"), mean=col("mean"), frequency_raw=col("frequency_raw"),
                     mean_raw=col("mean_raw"), frequency_se=col("frequency_se"), mean_se=col("mean_se"),
-                    n_reports=int(rows[0]["n_reports"]), mechanism=mechanism, epsilon=epsilon)
+                    n_reports=int(rows[0]["n_reports"]), mechanism=mechanism, epsilon=epsilon,
+                    frequency_status=status("frequency_status"), mean_status=status("mean_status"))
     extra = tuple(sorted(json.loads(rows[0].get("extra") or "{}").items()))
     collections = {r.get("collection") or "" for r in rows}
     if len(collections) != 1:

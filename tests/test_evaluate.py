@@ -32,6 +32,8 @@ def test_tiny_sweep_csv_and_figures(tmp_path, capsys):
     per_cell = {c: [r for r in rows if (r["mechanism"], float(r["epsilon"]), int(r["repeat"])) == c] for c in cells}
     expected = {("mse_frequency", "all"), ("mse_mean", "all"), ("mse_frequency", "top5"), ("mse_mean", "top5"),
                 ("ncr", "top5"), ("mse_frequency_found", "top5"), ("mse_mean_found", "top5")}
+    expected |= {(f"{metric}_{what}", "all") for what in ("frequency", "mean")
+                 for metric in ("coverage", "coverage_clipped", "scored", "se_zero", "null", "null_se")}
     for c, rs in per_cell.items():
         assert {(r["metric"], r["key_set"]) for r in rs} == expected
     for c, rs in per_cell.items():
@@ -40,9 +42,19 @@ def test_tiny_sweep_csv_and_figures(tmp_path, capsys):
             if r["metric"].endswith("_found"):
                 # MSE over the true-and-estimated top set: undefined iff the set is empty
                 assert math.isnan(float(r["value"])) == (ncr == 0.0)
+    for c, rs in per_cell.items():
+        value = {r["metric"]: float(r["value"]) for r in rs if r["key_set"] == "all"}
+        for what in ("frequency", "mean"):
+            assert value[f"se_zero_{what}"] == 0                 # an s.e. from noisy counts is never 0
+            # coverage undefined iff no key has both an estimate and an s.e. (privkvm's biased mean)
+            assert math.isnan(value[f"coverage_{what}"]) == (value[f"scored_{what}"] == 0)
+        assert value["scored_frequency"] == 20
+        assert (value["scored_mean"] == 0) == (c[0] == "privkvm")
     for r in rows:
         v = float(r["value"])
         if r["metric"].endswith("_found") and math.isnan(v):
+            continue
+        if r["metric"].startswith("coverage") and math.isnan(v):
             continue
         assert math.isfinite(v) and v >= 0 and r["n_users"] == "20000" and r["dataset"] == "synthetic-uu"
         if r["metric"] == "ncr":

@@ -629,8 +629,8 @@ def test_ksgrr_all_keys_are_candidates_when_2t_exceeds_d():
 
 def test_ksgrr_non_candidates_report_the_olh_estimate():
     """Keys outside TKS: frequency = group 1's OLH estimate (clipped into
-    [0, 1]; raw = unclipped) with its OLH standard error, mean 0 with an
-    infinite standard error. Candidates get finite standard errors."""
+    [0, 1]; raw = unclipped) with its OLH standard error; mean and its s.e.
+    null (status not_candidate). Candidates get finite standard errors."""
     _, _, runs = ksgrr_runs()
     for res in runs[:6]:
         c0 = res.round_counts[0]
@@ -640,8 +640,10 @@ def test_ksgrr_non_candidates_report_the_olh_estimate():
         np.testing.assert_allclose(e.frequency_raw[out], f1[out], rtol=1e-9, atol=1e-15)
         np.testing.assert_allclose(e.frequency[out], np.clip(f1, 0, 1)[out], rtol=1e-9, atol=1e-15)
         np.testing.assert_allclose(e.frequency_se[out], np.sqrt(var1[out]), rtol=1e-9)
-        assert np.all(e.mean[out] == 0) and np.all(np.isinf(e.mean_se[out]))
-        assert np.all(np.isfinite(e.mean_se[~out])) and np.all(np.isfinite(e.frequency_se[~out]))
+        assert np.all(np.isnan(e.mean[out])) and np.all(np.isnan(e.mean_se[out]))
+        assert set(e.mean_status[out]) == {"not_candidate"} and set(e.frequency_status) == {"ok"}
+        has_mean = ~out & (e.frequency_raw > 0)
+        assert np.all(np.isfinite(e.mean_se[has_mean])) and np.all(np.isfinite(e.frequency_se[~out]))
         # candidates: f_hat is linear in the counts, so its delta-method s.e. is
         # the exact sqrt(pi (1 - pi)/(n (p - q)^2)), pi = (n+ + n-)/n
         c1 = res.round_counts[1]
@@ -691,8 +693,8 @@ def test_ksgrr_mean_uses_p_minus_q():
     p, q = formula7(GRR_T, GRR_EPS)
     z_alt = z_scores(raw * (p - q) / (p + q), m[SURE])
     assert np.abs(z_alt).max() > 10, z_alt
-    # and the clipped mean stays in [-1, 1]
-    assert all(np.all(np.abs(res.estimates.mean) <= 1) for res in runs)
+    # and the clipped mean stays in [-1, 1] (null outside the candidates)
+    assert all(np.all(np.abs(res.estimates.mean[np.isfinite(res.estimates.mean)]) <= 1) for res in runs)
 
 
 # =====================================================================
@@ -834,7 +836,7 @@ def test_ksadap_frequencies_scaled_by_l_are_unbiased():
     candidate pairs: the estimate is unbiased for g = f l/4 (PCKV's
     padding-and-sampling bias), and > 10 s.e. below f. The mean is a ratio
     in which that factor cancels: unbiased for all candidates. Keys outside
-    TKS: frequency 0 and mean 0, both with infinite standard errors."""
+    TKS: frequency and mean null, with their standard errors (not_candidate)."""
     runs = adap_repeats()
     data, _ = adap_population()
     users = data.users
@@ -850,8 +852,9 @@ def test_ksadap_frequencies_scaled_by_l_are_unbiased():
         assert res.state.get("padding") == 3
         assert sorted(np.flatnonzero(res.state.broadcast >= 0).tolist()) == list(range(8))
         e = res.estimates
-        assert np.all(e.frequency[8:] == 0) and np.all(np.isinf(e.frequency_se[8:]))
-        assert np.all(e.mean[8:] == 0) and np.all(np.isinf(e.mean_se[8:]))
+        assert np.all(np.isnan(e.frequency[8:])) and np.all(np.isnan(e.frequency_se[8:]))
+        assert np.all(np.isnan(e.mean[8:])) and np.all(np.isnan(e.mean_se[8:]))
+        assert set(e.frequency_status[8:]) == set(e.mean_status[8:]) == {"not_candidate"}
         est.append((e.frequency_raw[:8], e.mean_raw[:8]))
     # calibration of one run, written out: GRR over 8 candidates + 3 dummies,
     # p = e^eps/(e^eps + 21), q = 1/(e^eps + 21), f = 3 (pi - 2q)/(p - q) with

@@ -90,7 +90,10 @@ def test_mean_mse_not_above_theorem_4_at_eps_2(name):
     R-run average above those expectations (per-run s.d. ~12%)."""
     mech, runs = uu_runs(name, 2)
     _, vm = theory(mech, runs)
-    clipped = np.mean([(e.mean - m) ** 2 for e, _, _, m in runs]) / vm.mean()
+    # over the keys with a mean (null where f_hat <= 0: no holders to average over)
+    err = np.array([(e.mean - m) ** 2 for e, _, _, m in runs])
+    est = np.isfinite(err)
+    clipped = err[est].sum() / vm[est].sum()
     assert clipped <= 1.05, clipped
 
 
@@ -120,7 +123,9 @@ def test_small_epsilon_against_theorem_4(name):
     err = np.array([e.frequency_raw - f for e, _, f, _ in runs])
     z = err.mean(axis=0) / (np.sqrt(vf.sum(axis=0)) / len(runs))
     assert np.all(np.abs(z) < 4.5), np.abs(z).max()
-    clipped_m = np.mean([(e.mean - m) ** 2 for e, _, _, m in runs]) / vm.mean()
+    sq = np.array([(e.mean - m) ** 2 for e, _, _, m in runs])
+    has_mean = np.isfinite(sq)                      # null where f_hat <= 0
+    clipped_m = sq[has_mean].sum() / vm[has_mean].sum()
     assert clipped_m < 0.92, clipped_m
 
 
@@ -186,15 +191,16 @@ def test_matlab_clip_differs_from_paper_only_where_clipping_bites(name):
         n1s, n2s = _solve_counts(mech, counts)
         N = N_USERS * e.frequency / mech.l
         low = np.minimum(1.0, N)
+        has_mean = e.frequency_raw > 0           # null mean where f_hat <= 0 (both clip modes)
         for est, lo in ((e, 0.0), (em, low)):
             expect = np.clip((np.clip(n1s, lo, N) - np.clip(n2s, lo, N)) / N, -1, 1)
-            np.testing.assert_allclose(est.mean, expect, rtol=0, atol=1e-9)
-            assert np.all(np.abs(est.mean) <= 1)
-        bites = (n1s < low) | (n2s < low)
+            np.testing.assert_allclose(est.mean, np.where(has_mean, expect, np.nan), rtol=0, atol=1e-9)
+            assert np.all(np.abs(est.mean[has_mean]) <= 1)
+        bites = ((n1s < low) | (n2s < low)) & has_mean
         n_bites += bites.sum()
         np.testing.assert_array_equal(em.mean[~bites], e.mean[~bites])
         assert np.all(np.abs(em.mean - e.mean)[bites] <= 1 / N[bites] + 1e-12)
-        big = N >= 1
+        big = (N >= 1) & has_mean
         assert np.all(np.abs(em.mean[big]) <= 1 - 1 / N[big] + 1e-12)
     assert n_bites > 0, "clipping never bit: the comparison above was vacuous"
 
@@ -202,7 +208,7 @@ def test_matlab_clip_differs_from_paper_only_where_clipping_bites(name):
 @pytest.mark.parametrize("cls", [PCKVUE, PCKVGRR])
 def test_frequency_is_clipped_into_one_over_n_and_one(cls):
     """f_hat in [1/n, 1] always: keys with no reports get 1/n, keys reported
-    by everybody get 1; m stays finite and in [-1, 1]."""
+    by everybody get 1; m is in [-1, 1], and null where f_hat <= 0."""
     mech = cls(4, 1.0)
     dp = mech.params.d_prime
     n = 1000
@@ -214,7 +220,9 @@ def test_frequency_is_clipped_into_one_over_n_and_one(cls):
     assert e.frequency_raw[0] < 0 and e.frequency[0] == 1 / n
     assert e.frequency_raw[1] > 1 and e.frequency[1] == 1.0
     assert np.all((e.frequency >= 1 / n) & (e.frequency <= 1))
-    assert np.all(np.isfinite(e.mean)) and np.all(np.abs(e.mean) <= 1)
+    has_mean = e.frequency_raw > 0
+    assert np.array_equal(np.isfinite(e.mean), has_mean) and np.all(np.abs(e.mean[has_mean]) <= 1)
+    assert list(e.mean_status[~has_mean]) == ["frequency_not_positive"] * int((~has_mean).sum())
     assert e.mean[1] == pytest.approx(1.0, abs=1e-9)   # holders all reported +1
     for name, eps in CONFIGS:
         _, runs = uu_runs(name, eps)

@@ -141,7 +141,8 @@ def test_privkv_a_counts_are_unbiased_high_power():
 
 def test_privkv_a_estimate_uses_the_unbiased_counts():
     """estimate() is f = (N1* + N_1*)/M and m = (N1* - N_1*)/(N1* + N_1*)
-    (raw); the clipped outputs clip N1*, N_1* into [0, M] first."""
+    (raw); the clipped outputs clip N1*, N_1* into [0, M] first. The mean is
+    null where f <= 0 (no holders to average over)."""
     users, mech, runs = privkv_a_repeats(2.0, 0.5)
     for _, _, est, (N1, N_1, M), _ in runs[:5]:
         np.testing.assert_allclose(est.frequency_raw, (N1 + N_1) / M, rtol=1e-12, atol=1e-15)
@@ -149,8 +150,10 @@ def test_privkv_a_estimate_uses_the_unbiased_counts():
         c1, c_1 = np.clip(N1, 0, M), np.clip(N_1, 0, M)
         with np.errstate(divide="ignore", invalid="ignore"):
             m_clip = np.where(c1 + c_1 != 0, (c1 - c_1) / (c1 + c_1), 0.0)
-        np.testing.assert_allclose(est.mean, np.clip(m_clip, -1, 1), rtol=1e-12, atol=1e-15)
-        assert np.all(np.abs(est.mean) <= 1) and np.all((est.frequency >= 0) & (est.frequency <= 1))
+        estimable = N1 + N_1 > 0
+        np.testing.assert_allclose(est.mean, np.where(estimable, np.clip(m_clip, -1, 1), np.nan),
+                                   rtol=1e-12, atol=1e-15)
+        assert np.all(np.abs(est.mean[estimable]) <= 1) and np.all((est.frequency >= 0) & (est.frequency <= 1))
 
 
 def test_privkv_mean_on_the_same_reports_is_shrunk_by_theta():

@@ -31,8 +31,8 @@ def test_pipeline_equals_local_runner(name, options):
     def check(states):
         (s,) = states
         ok = (s.rounds_done == local.state.rounds_done and s.epsilon_spent == local.state.epsilon_spent
-              and np.array_equal(s.estimates.mean, local.estimates.mean)
-              and np.array_equal(s.estimates.frequency, local.estimates.frequency))
+              and np.array_equal(s.estimates.mean, local.estimates.mean, equal_nan=True)
+              and np.array_equal(s.estimates.frequency, local.estimates.frequency, equal_nan=True))
         if not ok:
             raise BeamAssertException(f"pipeline state {s} != local {local.state}")
 
@@ -137,7 +137,7 @@ def test_key_strategy_pipeline_equals_local_runner(name, options, kind):
 
     def check(states):
         (s,) = states
-        if not (s == local.state and np.array_equal(s.estimates.mean, local.estimates.mean)):
+        if not (s == local.state and np.array_equal(s.estimates.mean, local.estimates.mean, equal_nan=True)):
             raise BeamAssertException(f"pipeline state {s} != local {local.state}")
 
     with beam.Pipeline(runner=FnApiRunner()) as p:
