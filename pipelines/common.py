@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import io
 import logging
 import os
@@ -216,12 +217,6 @@ def scratch_path(beam_args: Sequence[str], name: str) -> str:
     return os.path.join(tempfile.mkdtemp(prefix="kvldp-"), name)
 
 
-def derive_dictionary(args, beam_args) -> list[str]:
-    """Sorted distinct item ids of the ratings files, by a small pre-pass job
-    (the mechanism's domain size must be known before the main graph is built)."""
-    return derive_dictionary_and_sizes(args, beam_args)[0]
-
-
 def derive_dictionary_and_sizes(args, beam_args) -> tuple[list[str], np.ndarray]:
     """The pre-pass over ratings files: the sorted distinct item ids and the
     users' set-size histogram (``mechanisms.padding``) in one job. The
@@ -241,12 +236,27 @@ def derive_dictionary_and_sizes(args, beam_args) -> tuple[list[str], np.ndarray]
 
 
 def write_size_histogram(users: beam.PCollection, path: str, label: str = "SetSizes"):
-    """Add a branch writing the set-size histogram of ``users`` (one
-    ``np.bincount`` per batch, summed) to ``path`` as ``.npy``."""
+    """Add a branch writing the set-size histogram of ``users`` to ``path``."""
+    return sum_per_batch(users, size_histogram, path, label)
+
+
+def sum_per_batch(users: beam.PCollection, per_batch, path: str, label: str):
+    """Add a branch writing the sum of ``per_batch(UserBatch)`` arrays (of any
+    lengths, ``merge_histograms``) to ``path`` as ``.npy``."""
     return (users
-            | f"{label}Count" >> beam.Map(size_histogram)
+            | f"{label}Count" >> beam.Map(per_batch)
             | f"{label}Sum" >> beam.CombineGlobally(merge_histograms)
             | f"{label}Save" >> beam.Map(_save_array, path))
+
+
+def users_prepass(args, beam_args, dictionary: Sequence[str], per_batch, name: str) -> np.ndarray:
+    """One pre-pass job over a ratings file's users (ingest side): the sum of
+    ``per_batch(UserBatch)`` over every batch."""
+    path = scratch_path(beam_args, f"{name}.npy")
+    p = make_pipeline(beam_args)
+    sum_per_batch(user_source(p, args, None, dictionary).users, per_batch, path, name)
+    p.run().wait_until_finish()
+    return read_array(path)
 
 
 def read_array(path: str) -> np.ndarray:
@@ -269,11 +279,6 @@ def user_source(p: beam.Pipeline, args, dataset: Dataset | None,
         args.dataset, parse_range(args.rating_range), dictionary, args.input_format,
         args.user_col, args.item_col, args.rating_col, args.shards)
     return UserSource(read["users"], read["dictionary"], read[DEAD_LETTER], len(dictionary))
-
-
-def key_dictionary(args, beam_args) -> list[str]:
-    """The key dictionary of a ratings-file dataset: given, or derived."""
-    return read_dictionary(args.key_dictionary) if args.key_dictionary else derive_dictionary(args, beam_args)
 
 
 def key_dictionary_and_sizes(args, beam_args) -> tuple[list[str], np.ndarray | None]:
@@ -356,19 +361,12 @@ def named_keys(names_text: str, key_names: Sequence[str]) -> list[int]:
 def key_frequencies(args, beam_args, dataset: Dataset | None, dictionary) -> np.ndarray:
     """How many users hold each key (ingest side: it sees raw data)."""
     if dataset is not None:
-        out = np.zeros(dataset.d, dtype=np.int64)
-        for users in dataset.batches(args.batch_size):
-            out += np.bincount(users.keys, minlength=dataset.d)
-        return out
-    path = scratch_path(beam_args, "key_counts.npy")
-    p = make_pipeline(beam_args)
-    users = user_source(p, args, None, dictionary).users
-    (users | "KeyCounts" >> beam.Map(lambda b, d: np.bincount(b.keys, minlength=d), len(dictionary))
-     | "Sum" >> beam.CombineGlobally(sum)
-     | "Save" >> beam.Map(_save_array, path))
-    p.run().wait_until_finish()
-    with FileSystems.open(path) as fh:
-        return np.load(fh)
+        return merge_histograms(_key_counts(users, dataset.d) for users in dataset.batches(args.batch_size))
+    return users_prepass(args, beam_args, dictionary, functools.partial(_key_counts, d=len(dictionary)), "KeyCounts")
+
+
+def _key_counts(users, d: int) -> np.ndarray:
+    return np.bincount(users.keys, minlength=d)
 
 
 def _save_array(array, path: str):

@@ -32,6 +32,7 @@ from mechanisms import metrics, registry
 from mechanisms.local import run_local
 from mechanisms.protocol import run_protocol_local
 from pipelines import common, figures, simulate
+from pipelines.graphs import to_records
 from pipelines.presets import PRESETS
 
 Z95 = 1.96
@@ -151,8 +152,6 @@ def run_cell(cell, args, beam_args, out_dir: str):
 def run_numpy(args, beam_args) -> dict:
     """``simulate.execute`` on the pure-NumPy local runner: the same seeds,
     dataset, mechanism and records (not written to a file)."""
-    from pipelines.graphs import to_records       # plain function; keeps the Beam graph module's import lazy
-
     seeds = common.Seeds.from_arg(args.seed)
     dataset = common.built_in_dataset(args, seeds.data)
     if dataset is None:

@@ -52,7 +52,6 @@ from mechanisms.datasets import Dataset, InMemoryDataset
 from mechanisms.padding import (DEFAULT_COVERAGE, PaddingCheck, check_padding, choose_padding, merge_histograms,
                                 size_histogram)
 from pipelines import common
-from transforms.io import report_config
 
 
 def takes_padding(mechanism: str) -> bool:
@@ -91,11 +90,7 @@ def data_set_sizes(args, beam_args: Sequence[str], dataset: Dataset | None,
         if isinstance(dataset, InMemoryDataset):
             return size_histogram(dataset.users)
         return merge_histograms(size_histogram(b) for b in dataset.batches(args.batch_size))
-    path = common.scratch_path(beam_args, "set_sizes.npy")
-    p = common.make_pipeline(beam_args)
-    common.write_size_histogram(common.user_source(p, args, None, dictionary).users, path)
-    p.run().wait_until_finish()
-    return common.read_array(path)
+    return common.users_prepass(args, beam_args, dictionary, size_histogram, "SetSizes")
 
 
 def describe_sizes(hist: np.ndarray) -> str:
@@ -206,14 +201,15 @@ def resolve_padding(args, beam_args: Sequence[str], dataset: Dataset | None, dic
     return plan
 
 
-def padding_from_reports(args) -> int | None:
+def padding_from_reports(args, config: dict) -> int | None:
     """The collector's padding: with ``--padding auto``, the ``l`` the
-    perturbing side chose, read from the configuration stored with the
-    report files ``--input`` (as IOH's keys are); ``None`` otherwise, which
-    leaves ``--padding`` as given (``make_mechanism``'s default is 1)."""
+    perturbing side chose, read from ``config``, the configuration stored
+    with the report files ``--input`` (as IOH's keys are); ``None``
+    otherwise, which leaves ``--padding`` as given (``make_mechanism``'s
+    default is 1)."""
     if args.padding != common.AUTO_PADDING or not takes_padding(args.mechanism):
         return None
-    found = report_config(args.input).get("padding")
+    found = config.get("padding")
     if found is None:
         raise ValueError(f"--padding auto: the reports {args.input} name no padding; give --padding l")
     return int(found)

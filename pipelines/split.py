@@ -200,18 +200,16 @@ def add_collect_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--fanout", type=int, default=None)
 
 
-def reports_collection(pattern: str) -> Collection:
-    """Round 1's collection, as its reports state it."""
-    found = report_config(pattern)
+def reports_collection(pattern: str, found: dict) -> Collection:
+    """Round 1's collection, as its reports (config ``found``) state it."""
     if not found.get("collection"):
         raise ValueError(f"{pattern}: the reports name no collection (made by an older kvldp?); "
                          "a multi-round protocol needs one to keep its rounds' user groups apart")
     return Collection(found["collection"], found.get("layout", ""))
 
 
-def check_collection(pattern: str, expected: dict) -> None:
+def check_collection(pattern: str, found: dict, expected: dict) -> None:
     """Refuse reports of another collection with the reason spelled out."""
-    found = report_config(pattern)
     if (found.get("collection"), found.get("layout")) != (expected["collection"], expected["layout"]):
         raise ValueError(
             f"{pattern}: these reports were perturbed under collection {found.get('collection')} "
@@ -227,23 +225,23 @@ def run_collect(args, beam_args) -> dict:
         names = [str(k) for k in range(args.keys)]
     else:
         sys.exit("collect needs --key-dictionary (from perturb) or --keys d")
+    found = report_config(args.input)      # every file's header, read once, before any compute
     ioh_keys = None
     if common.takes_ioh_keys(args):
         # the chosen keys travel with the reports; --ioh-keys may restate them
-        found = report_config(args.input).get("ioh_keys")
-        ioh_keys = common.named_keys(args.ioh_keys, names) if args.ioh_keys else found
+        ioh_keys = common.named_keys(args.ioh_keys, names) if args.ioh_keys else found.get("ioh_keys")
     # --padding auto: the l the perturbing side chose, read from the reports' config
-    mechanism = common.make_mechanism(args, len(names), ioh_keys=ioh_keys, padding=padding_from_reports(args))
+    mechanism = common.make_mechanism(args, len(names), ioh_keys=ioh_keys, padding=padding_from_reports(args, found))
     p = common.make_pipeline(beam_args)
     key_names = p | "KeyNames" >> beam.Create([names])
     broadcast_out, counts_out = None, None
     if is_protocol(mechanism):
         r = args.round - 1
         previous = protocol_state_for_round(mechanism, args.round, args.broadcast, names,
-                                            reports_collection(args.input) if r == 0 else None)
+                                            reports_collection(args.input, found) if r == 0 else None)
         expected = round_config(mechanism, r, previous.collection)
-        check_collection(args.input, expected)
-        check_report_files(args.input, expected)
+        check_collection(args.input, found, expected)
+        check_report_files(args.input, expected, found)
         reports = p | "ReadReports" >> ReadReports(args.input, expected)
         # reports -> counts of round r -> the state after round r
         state = (reports
@@ -259,7 +257,7 @@ def run_collect(args, beam_args) -> dict:
     else:
         if args.round != 1 or args.broadcast:
             raise ValueError(f"{args.mechanism} has a single round: no --round/--broadcast")
-        check_report_files(args.input, mechanism.config())
+        check_report_files(args.input, mechanism.config(), found)
         reports = p | "ReadReports" >> ReadReports(args.input, mechanism.config())
         records, counts = estimate_graph(reports, mechanism, key_names, fanout=args.fanout)
         if ioh_keys is not None:

@@ -12,7 +12,7 @@ from mechanisms import registry
 from mechanisms.datasets import SyntheticDataset
 from mechanisms.local import run_local
 from mechanisms.query import CellTable
-from pipelines import cli
+from pipelines import cli, common
 from pipelines.query import load_counts
 from pipelines.report import read_estimates
 
@@ -99,3 +99,20 @@ def test_exact_table_through_counts_file_round_trip():
     table = CellTable.exact(states)
     assert table.conditional(1, {2: True}).frequency == pytest.approx(2 / 3)
     assert table.conditional(1, {2: True, 0: False}).mean == pytest.approx(-1.0)
+
+
+def test_key_frequencies_of_a_ratings_file_are_exact(tmp_path):
+    """--ioh-top on a ratings file: the ingest pre-pass counts every key's
+    holders exactly (the keys of rejected rows are not counted)."""
+    rng = np.random.default_rng(3)
+    rows = {(f"u{u}", f"i{i}") for u, i in zip(rng.integers(0, 300, 2_000), rng.zipf(1.5, 2_000) % 12)}
+    lines = [f"{u},{i},{rng.integers(1, 6)}" for u, i in sorted(rows)] + ["u0,i3,9"]      # 9: out of range
+    path = tmp_path / "r.csv"
+    path.write_text("user,item,rating\n" + "\n".join(lines) + "\n")
+    args, beam_args = cli.parser().parse_known_args(
+        ["simulate", "--mechanism", "ioh-oue", "--epsilon", "1", "--dataset", str(path), "--rating-range", "1,5",
+         "--shards", "3"])
+    names = [f"i{k}" for k in range(12)]
+    got = common.key_frequencies(args, beam_args, None, names)
+    want = np.bincount([int(i[1:]) for _, i in rows], minlength=12)
+    np.testing.assert_array_equal(got, want)

@@ -28,6 +28,7 @@ from mechanisms.padding import (MAX_PADDING, check_padding, choose_padding, cove
 from pipelines import advise as advise_mod
 from pipelines import cli, common
 from pipelines.padding import padding_from_reports, parse_set_sizes, resolve_padding
+from transforms.io import report_config
 from pipelines.report import read_estimates
 
 # sizes 1:500, 2:300, 3:200 (and nobody empty)
@@ -374,7 +375,7 @@ def test_perturb_auto_then_collect_reads_l_from_the_reports(ratings_file, tmp_pa
     assert cli.main(collect) == 2                                  # l = 1 does not match the reports
     assert "rerun collect" in capsys.readouterr().err
     args = argparse.Namespace(padding="auto", mechanism="pckv-grr", input=str(tmp_path / "r" / "R*.avro"))
-    assert padding_from_reports(args) == 3
+    assert padding_from_reports(args, report_config(args.input)) == 3
 
 
 def test_perturb_warns_after_the_run_with_an_explicit_l(ratings_file, tmp_path, capsys):

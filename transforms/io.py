@@ -127,10 +127,12 @@ def report_config(pattern: str) -> dict:
     return next(iter(configs.values()))
 
 
-def check_report_files(pattern: str, config: Mapping) -> None:
+def check_report_files(pattern: str, config: Mapping, found: Mapping | None = None) -> None:
     """Fail fast, in the driver, when no file matches or the reports were
-    made with other parameters."""
-    found, expected = report_config(pattern), dict(config)
+    made with other parameters (``found``: ``report_config(pattern)`` when the
+    caller has read it already)."""
+    found = report_config(pattern) if found is None else dict(found)
+    expected = dict(config)
     if found != expected:
         raise ValueError(f"{pattern}: reports were made by {found}, but the collector was configured "
                          f"as {expected}; rerun collect with the perturbing side's parameters")
