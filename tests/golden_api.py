@@ -1,0 +1,42 @@
+"""The entry points ``golden_runs.fingerprints`` calls, for this tree's API."""
+from __future__ import annotations
+
+import types
+
+from mechanisms import registry
+from mechanisms.datasets import SyntheticDataset
+from mechanisms.protocol import Collection
+from mechanisms.randomness import batch_rng
+
+
+def _run(mech, data, seed, batch_size):
+    """Every round's report batches and counts, and the final estimates."""
+    if not registry.is_protocol(mech):
+        reports, counts = [], mech.new_counts()
+        for users in data.batches(batch_size):
+            r = mech.perturb(users, batch_rng(seed, users.batch_id))
+            reports.append(r)
+            mech.accumulate(counts, r)
+        return {"rounds": [(reports, counts)], "estimates": mech.estimate(counts)}
+    state = mech.initial_state(Collection.from_seed(seed))
+    rounds = []
+    for r in range(mech.max_rounds):
+        if state.stopped:
+            break
+        reports, counts = [], mech.new_counts(r)
+        for users in data.batches(batch_size):
+            rep = mech.perturb(r, mech.participants(r, users, state), batch_rng(seed, users.batch_id, round_index=r),
+                               state)
+            reports.append(rep)
+            mech.accumulate(r, counts, rep)
+        state = mech.next_state(r, state, counts)
+        rounds.append((reports, counts))
+    return {"rounds": rounds, "estimates": mech.estimates(state)}
+
+
+API = types.SimpleNamespace(
+    names=registry.names,
+    make=registry.make,
+    dataset=lambda kind, n, d, seed: SyntheticDataset(kind, n_users=n, d=d, seed=seed),
+    run=_run,
+)
