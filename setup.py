@@ -8,9 +8,9 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["mechanisms", "mechanisms.*", "transforms", "transforms.*",
-                                    "pipelines", "pipelines.*", "schemas", "schemas.*"]),
-    package_data={"schemas": ["*.avsc"]},
+    # One top-level package: nothing generic ("pipelines", "schemas") lands in site-packages.
+    packages=find_packages(include=["kvldp", "kvldp.*"]),
+    package_data={"kvldp.schemas": ["*.avsc"]},
     install_requires=[
         "apache-beam[gcp]>=2.60,<3",
         "numpy>=1.24",
@@ -23,5 +23,5 @@ setup(
     extras_require={
         "test": ["pytest>=7", "gcp-storage-emulator>=2026.7.18"],
     },
-    entry_points={"console_scripts": ["kvldp = pipelines.cli:main"]},
+    entry_points={"console_scripts": ["kvldp = kvldp.pipelines.cli:main"]},
 )

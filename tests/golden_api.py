@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import types
 
-from mechanisms import registry
-from mechanisms.datasets import SyntheticDataset
-from mechanisms.protocol import Collection
-from mechanisms.randomness import batch_rng
+from kvldp.mechanisms import registry
+from kvldp.datasets import SyntheticDataset
+from kvldp.mechanisms.protocol import Collection
+from kvldp.mechanisms.randomness import batch_rng
 
 
 def _run(mech, data, seed, batch_size):

@@ -6,12 +6,12 @@ import json
 import numpy as np
 import pytest
 
-import schemas
-from mechanisms import registry
-from mechanisms.datasets import SyntheticDataset
-from mechanisms.local import run_local
-from pipelines import cli
-from pipelines.report import read_estimates
+from kvldp import schemas
+from kvldp.mechanisms import registry
+from kvldp.datasets import SyntheticDataset
+from kvldp.mechanisms.local import run_local
+from kvldp.pipelines import cli
+from kvldp.pipelines.report import read_estimates
 
 
 def _by_key(records):

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from pipelines import cli
-from pipelines.advise import advise, pckv_prefers_ue
-from pipelines.figures import DPI, FIGSIZE
-from pipelines.presets import PRESETS
+from kvldp.pipelines import cli
+from kvldp.pipelines.advise import advise, pckv_prefers_ue
+from kvldp.pipelines.figures import DPI, FIGSIZE
+from kvldp.pipelines.presets import PRESETS
 
 SWEEP = ["evaluate", "--mechanisms", "pckv-ue,privkvm", "--epsilons", "1,4", "--repeats", "2",
          "--users", "20000", "--keys", "20", "--top", "5", "--parallel", "1", "--seed", "3"]
@@ -85,7 +85,7 @@ def test_tiny_sweep_csv_and_figures(tmp_path, capsys):
 
 
 def test_presets_name_known_mechanisms():
-    from mechanisms import registry
+    from kvldp.mechanisms import registry
 
     for name, preset in PRESETS.items():
         for mech in preset["mechanisms"].split(","):

@@ -37,8 +37,8 @@ from apache_beam.io.filesystems import FileSystems  # noqa: E402
 from gcp_storage_emulator.server import create_server  # noqa: E402
 from google.cloud import storage  # noqa: E402
 
-from pipelines import cli  # noqa: E402
-from pipelines.report import read_estimates  # noqa: E402
+from kvldp.pipelines import cli  # noqa: E402
+from kvldp.pipelines.report import read_estimates  # noqa: E402
 
 BUCKET = "bucket"
 ITEMS = [f"m{k}" for k in range(5)]

@@ -20,14 +20,14 @@ import math
 import numpy as np
 import pytest
 
-from mechanisms.base import ReportBatch, UserBatch
-from mechanisms.datasets import SyntheticDataset
-from mechanisms.ioh import (IOH, MAX_IOH_KEYS, PackedReportBatch, bit_sums, calibrate_cells, cell_variance,
+from kvldp.mechanisms.base import ReportBatch, UserBatch
+from kvldp.datasets import SyntheticDataset
+from kvldp.mechanisms.ioh import (IOH, MAX_IOH_KEYS, PackedReportBatch, bit_sums, calibrate_cells, cell_variance,
                             index_states, pack_positions, packed_width, state_index)
-from mechanisms.query import (HELD, NOT_HELD, CellTable, parse_alpha_beta, parse_given, parse_query,
+from kvldp.mechanisms.query import (HELD, NOT_HELD, CellTable, parse_alpha_beta, parse_given, parse_query,
                               pattern_truth, true_conditional)
-from mechanisms.randomness import batch_rng
-from mechanisms.registry import make
+from kvldp.mechanisms.randomness import batch_rng
+from kvldp.mechanisms.registry import make
 
 Z = 4.5
 
@@ -799,7 +799,7 @@ def test_movielens_100k_loader():
 
     if importlib.util.find_spec("recbole") is None:
         pytest.skip("MovieLens-100k ships with recbole==1.2.1, which is not installed")
-    from mechanisms.datasets import load_movielens_100k
+    from kvldp.datasets import load_movielens_100k
 
     data = load_movielens_100k()
     u = data.users

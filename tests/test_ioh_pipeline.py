@@ -8,13 +8,13 @@ import fastavro
 import numpy as np
 import pytest
 
-from mechanisms import registry
-from mechanisms.datasets import SyntheticDataset
-from mechanisms.local import run_local
-from mechanisms.query import CellTable
-from pipelines import cli, common
-from pipelines.query import load_counts
-from pipelines.report import read_estimates
+from kvldp.mechanisms import registry
+from kvldp.datasets import SyntheticDataset
+from kvldp.mechanisms.local import run_local
+from kvldp.mechanisms.query import CellTable
+from kvldp.pipelines import cli, common
+from kvldp.pipelines.query import load_counts
+from kvldp.pipelines.report import read_estimates
 
 SIM = ["--mechanism", "ioh-oue", "--epsilon", "3", "--dataset", "synthetic-corr", "--users", "40000",
        "--keys", "6", "--seed", "2", "--batch-size", "10000", "--ioh-keys", "1,3,4"]

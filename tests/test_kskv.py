@@ -29,16 +29,17 @@ import math
 import numpy as np
 import pytest
 
-from mechanisms import registry
-from mechanisms.base import UserBatch
-from mechanisms.budget import BudgetLedger
-from mechanisms.datasets import InMemoryDataset, SyntheticDataset, truth_from_counts
-from mechanisms.kskv import (KSGRR, KSUE, KSAdap, grr_p, grr_pairs, grr_q, norm_sub,
+from kvldp.mechanisms import registry
+from kvldp.mechanisms.base import UserBatch
+from kvldp.mechanisms.budget import BudgetLedger
+from kvldp.datasets import InMemoryDataset, SyntheticDataset
+from kvldp.mechanisms.truth import truth_from_counts
+from kvldp.mechanisms.kskv import (KSGRR, KSUE, KSAdap, grr_p, grr_pairs, grr_q, norm_sub,
                              sample_one_pair)
-from mechanisms.local import perturb_and_count, run_local
-from mechanisms.metrics import mse, ncr, top_keys, top_t_intersection
-from mechanisms.protocol import Collection, ProtocolState, assign_groups, run_protocol_local
-from mechanisms.randomness import batch_rng
+from kvldp.mechanisms.local import perturb_and_count, run_local
+from kvldp.mechanisms.metrics import mse, ncr, top_keys, top_t_intersection
+from kvldp.mechanisms.protocol import Collection, ProtocolState, assign_groups, run_protocol_local
+from kvldp.mechanisms.randomness import batch_rng
 from ldp_audit import all_users
 
 Z = 4.5

@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from mechanisms.oracles import GRR, OLH, OUE, SUE, _HASH_PRIME
-from mechanisms.randomness import batch_rng
+from kvldp.mechanisms.oracles import GRR, OLH, OUE, SUE, _HASH_PRIME
+from kvldp.mechanisms.randomness import batch_rng
 
 ORACLES = {"GRR": GRR, "SUE": SUE, "OUE": OUE, "OLH": OLH}
 EPSILONS = (0.5, 1.0, 2.0, 4.0)

@@ -18,18 +18,18 @@ import re
 import numpy as np
 import pytest
 
-from mechanisms import registry
-from mechanisms.base import UserBatch
-from mechanisms.datasets import InMemoryDataset
-from mechanisms.local import run_local
-from mechanisms.padding import (MAX_PADDING, check_padding, choose_padding, covered_fraction, expected_frequency,
+from kvldp.mechanisms import registry
+from kvldp.mechanisms.base import UserBatch
+from kvldp.datasets import InMemoryDataset
+from kvldp.mechanisms.local import run_local
+from kvldp.mechanisms.padding import (MAX_PADDING, check_padding, choose_padding, covered_fraction, expected_frequency,
                                 lost_pair_fraction, merge_histograms, size_histogram, truncated_fraction,
                                 truncated_users)
-from pipelines import advise as advise_mod
-from pipelines import cli, common
-from pipelines.padding import padding_from_reports, parse_set_sizes, resolve_padding
-from transforms.io import report_config
-from pipelines.report import read_estimates
+from kvldp.pipelines import advise as advise_mod
+from kvldp.pipelines import cli, common
+from kvldp.pipelines.padding import padding_from_reports, parse_set_sizes, resolve_padding
+from kvldp.transforms.io import report_config
+from kvldp.pipelines.report import read_estimates
 
 # sizes 1:500, 2:300, 3:200 (and nobody empty)
 H = np.array([0, 500, 300, 200])
@@ -170,7 +170,7 @@ def test_bias_is_l_over_size_on_synthetic_multi_over_repeats(name):
     perturbations, f_hat_k is within 4 s.e. of expected_frequency(l) =
     (1/n) sum_{holders} l/max(|S|, l) for l = 1, 2 and the chosen l, and the
     chosen l's bias is a fraction of l = 1's."""
-    from mechanisms.datasets import SyntheticDataset
+    from kvldp.datasets import SyntheticDataset
 
     d, R = 20, 30
     synth = SyntheticDataset("multi", 100_000, d, seed=4)

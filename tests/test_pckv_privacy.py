@@ -21,9 +21,9 @@ only meaningful if it describes the distribution the client really draws.
 import numpy as np
 import pytest
 
-from mechanisms.base import UserBatch
-from mechanisms.pckv import PCKVGRR, PCKVUE, PCKVParams
-from mechanisms.randomness import batch_rng
+from kvldp.mechanisms.base import UserBatch
+from kvldp.mechanisms.pckv import PCKVGRR, PCKVUE, PCKVParams
+from kvldp.mechanisms.randomness import batch_rng
 from ldp_audit import all_users, check_vertex_argument, log_worst_ratio
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0)

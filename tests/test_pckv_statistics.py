@@ -18,12 +18,12 @@ import math
 import numpy as np
 import pytest
 
-from mechanisms import registry
-from mechanisms.base import ReportBatch, UserBatch
-from mechanisms.datasets import InMemoryDataset, SyntheticDataset
-from mechanisms.local import run_local
-from mechanisms.pckv import CLIP_MATLAB, CLIP_PAPER, PCKVGRR, PCKVUE
-from mechanisms.randomness import batch_rng
+from kvldp.mechanisms import registry
+from kvldp.mechanisms.base import ReportBatch, UserBatch
+from kvldp.datasets import InMemoryDataset, SyntheticDataset
+from kvldp.mechanisms.local import run_local
+from kvldp.mechanisms.pckv import CLIP_MATLAB, CLIP_PAPER, PCKVGRR, PCKVUE
+from kvldp.mechanisms.randomness import batch_rng
 
 N_USERS, D = 10 ** 6, 100
 MECHS = {"ue": PCKVUE, "grr": PCKVGRR}

@@ -22,16 +22,17 @@ import math
 import numpy as np
 import pytest
 
-from mechanisms.base import ReportBatch, UserBatch
-from mechanisms.budget import BudgetExceeded, BudgetLedger, Share
-from mechanisms.datasets import InMemoryDataset, SyntheticDataset, truth_from_counts
-from mechanisms.local import run_local
-from mechanisms.privkv import (FAKE_UNIFORM, PrivKV, PrivKVA, PrivKVMVirtual, lpp_output_probabilities,
+from kvldp.mechanisms.base import ReportBatch, UserBatch
+from kvldp.mechanisms.budget import BudgetExceeded, BudgetLedger, Share
+from kvldp.datasets import InMemoryDataset, SyntheticDataset
+from kvldp.mechanisms.truth import truth_from_counts
+from kvldp.mechanisms.local import run_local
+from kvldp.mechanisms.privkv import (FAKE_UNIFORM, PrivKV, PrivKVA, PrivKVMVirtual, lpp_output_probabilities,
                                lpp_perturb, lpp_split, privkv_a_counts, privkv_frequency, privkv_mean,
                                virtual_iterations)
-from mechanisms.privkvm import PrivKVM, PrivKVMPlus, expected_mean_recursion
-from mechanisms.protocol import run_protocol_local
-from mechanisms.randomness import batch_rng
+from kvldp.mechanisms.privkvm import PrivKVM, PrivKVMPlus, expected_mean_recursion
+from kvldp.mechanisms.protocol import run_protocol_local
+from kvldp.mechanisms.randomness import batch_rng
 from ldp_audit import all_users, log_worst_ratio
 
 Z = 4.5

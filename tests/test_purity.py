@@ -1,6 +1,6 @@
-"""The mechanisms package is pure NumPy (SPEC.md, base.py docstring).
+"""The Beam-free core (``kvldp.mechanisms``, ``kvldp.datasets``) is pure NumPy (SPEC.md, base.py docstring).
 
-* Importing every module of ``mechanisms`` must not pull in Apache Beam or
+* Importing every module of the core must not pull in Apache Beam or
   fastavro, so a device- or server-side client can use it alone.
 * Client randomness comes only from explicit ``numpy.random.Generator``s
   (randomness.py): no module may call the global ``np.random.<fn>(`` state.
@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-import mechanisms
+import kvldp.datasets
+import kvldp.mechanisms
 
+CORE = ("kvldp.mechanisms", "kvldp.datasets")
 ROOT = Path(__file__).resolve().parents[1]
-MECH_DIR = ROOT / "mechanisms"
-SOURCES = sorted(MECH_DIR.rglob("*.py"))
+SOURCES = sorted(p for pkg in CORE for p in (ROOT / pkg.replace(".", "/")).rglob("*.py"))
 
 FORBIDDEN_IMPORT = re.compile(r"^\s*(import\s+apache_beam|from\s+apache_beam\b)|fastavro", re.MULTILINE)
 GLOBAL_RANDOM = re.compile(
@@ -39,8 +40,9 @@ class Recorder:
         return None
 
 sys.meta_path.insert(0, Recorder())
-import mechanisms
-names = ["mechanisms"] + [m.name for m in pkgutil.walk_packages(mechanisms.__path__, "mechanisms.")]
+names = []
+for pkg in ("kvldp.mechanisms", "kvldp.datasets"):
+    names += [pkg] + [m.name for m in pkgutil.walk_packages(importlib.import_module(pkg).__path__, pkg + ".")]
 for name in names:
     importlib.import_module(name)
 print(json.dumps({
@@ -54,7 +56,7 @@ print(json.dumps({
 def test_sources_found():
     """Guard: the scans below really look at the package's files."""
     names = {p.name for p in SOURCES}
-    assert {"base.py", "randomness.py", "sampling.py", "oracles.py", "pckv.py"} <= names
+    assert {"base.py", "randomness.py", "sampling.py", "oracles.py", "pckv.py", "synthetic.py", "files.py"} <= names
 
 
 def test_importing_every_module_loads_no_beam_or_fastavro():
@@ -62,7 +64,7 @@ def test_importing_every_module_loads_no_beam_or_fastavro():
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    expected = {"mechanisms." + m.name for m in pkgutil.iter_modules(mechanisms.__path__)}
+    expected = {f"{pkg}.{m.name}" for pkg in CORE for m in pkgutil.iter_modules(sys.modules[pkg].__path__)}
     assert expected <= set(out["imported"])
     assert out["loaded"] == [], f"Beam/fastavro modules loaded: {out['loaded']}"
     assert out["attempts"] == [], f"imports of Beam/fastavro attempted: {out['attempts']}"

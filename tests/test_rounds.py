@@ -10,12 +10,12 @@ import pytest
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import BeamAssertException, assert_that
 
-from mechanisms import registry
-from mechanisms.datasets import SyntheticDataset
-from mechanisms.protocol import run_protocol_local
-from pipelines import cli
-from pipelines.report import read_estimates
-from transforms.rounds import RunProtocol
+from kvldp.mechanisms import registry
+from kvldp.datasets import SyntheticDataset
+from kvldp.mechanisms.protocol import run_protocol_local
+from kvldp.pipelines import cli
+from kvldp.pipelines.report import read_estimates
+from kvldp.transforms.rounds import RunProtocol
 
 
 def _users(p, data, batch):

@@ -13,10 +13,10 @@ import math
 import numpy as np
 import pytest
 
-from mechanisms.base import UserBatch
-from mechanisms.randomness import (STREAM_DATA, STREAM_PERTURB, batch_rng, bernoulli_positions,
+from kvldp.mechanisms.base import UserBatch
+from kvldp.mechanisms.randomness import (STREAM_DATA, STREAM_PERTURB, batch_rng, bernoulli_positions,
                                    fresh_seed)
-from mechanisms.sampling import discretise, padding_and_sampling, uniform_key_sampling
+from kvldp.mechanisms.sampling import discretise, padding_and_sampling, uniform_key_sampling
 
 
 def repeat_user(pairs, times, batch_id=0):

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mechanisms.datasets import shared_data_dir
+from kvldp.datasets import shared_data_dir
 
 pytestmark = pytest.mark.slow
 
@@ -138,7 +138,7 @@ def _kill_session(sid: int):
 
 
 def kvldp(*args: str) -> list[str]:
-    return [sys.executable, "-m", "pipelines.cli", *args, *BEAM_ARGS]
+    return [sys.executable, "-m", "kvldp.pipelines.cli", *args, *BEAM_ARGS]
 
 
 def _digest(*paths: Path) -> str:

@@ -22,11 +22,11 @@ import fastavro
 import numpy as np
 import pytest
 
-from mechanisms import registry
-from mechanisms.protocol import Collection, Protocol
-from pipelines import cli
-from schemas.records import olh_reports_from_records, reports_from_records
-from pipelines.split import read_broadcast
+from kvldp.mechanisms import registry
+from kvldp.mechanisms.protocol import Collection, Protocol
+from kvldp.pipelines import cli
+from kvldp.schemas.records import olh_reports_from_records, reports_from_records
+from kvldp.pipelines.split import read_broadcast
 
 N_USERS = 240
 EPS = 30.0

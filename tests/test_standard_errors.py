@@ -29,14 +29,15 @@ import fastavro
 import numpy as np
 import pytest
 
-import schemas
-from mechanisms import registry
-from mechanisms.base import UserBatch
-from mechanisms.datasets import InMemoryDataset, SyntheticDataset, truth_from_counts
-from mechanisms.local import run_local
-from mechanisms.protocol import run_protocol_local
-from mechanisms.variance import multinomial_delta_variance
-from schemas.records import estimate_records
+from kvldp import schemas
+from kvldp.mechanisms import registry
+from kvldp.mechanisms.base import UserBatch
+from kvldp.datasets import InMemoryDataset, SyntheticDataset
+from kvldp.mechanisms.truth import truth_from_counts
+from kvldp.mechanisms.local import run_local
+from kvldp.mechanisms.protocol import run_protocol_local
+from kvldp.mechanisms.variance import multinomial_delta_variance
+from kvldp.schemas.records import estimate_records
 
 Z95 = 1.96
 # the documented vocabulary of estimate.avsc's frequency_status / mean_status

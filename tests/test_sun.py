@@ -19,12 +19,13 @@ import math
 import numpy as np
 import pytest
 
-from mechanisms.base import ReportBatch, UserBatch
-from mechanisms.datasets import SyntheticDataset, truth_counts, truth_from_counts
-from mechanisms.local import run_local
-from mechanisms.randomness import batch_rng
-from mechanisms.registry import make
-from mechanisms.sun import F2M, KVOH, KVUE, ratio_estimates, states_of
+from kvldp.mechanisms.base import ReportBatch, UserBatch
+from kvldp.datasets import SyntheticDataset
+from kvldp.mechanisms.truth import truth_counts, truth_from_counts
+from kvldp.mechanisms.local import run_local
+from kvldp.mechanisms.randomness import batch_rng
+from kvldp.mechanisms.registry import make
+from kvldp.mechanisms.sun import F2M, KVOH, KVUE, ratio_estimates, states_of
 from ldp_audit import all_users, check_vertex_argument, log_worst_ratio
 
 Z = 4.5

@@ -11,17 +11,17 @@ import pytest
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import BeamAssertException, assert_that
 
-from mechanisms import registry
-from mechanisms.base import UserBatch
-from mechanisms.datasets import SyntheticDataset
-from mechanisms.local import run_local
-from mechanisms.randomness import batch_rng
-from pipelines.common import counters
-from pipelines.graphs import collect_estimates
-from transforms.accumulate import Accumulate, MechanismCombineFn
-from transforms.io import WriteEstimates
-from transforms.ratings import DEAD_LETTER, ReadRatings
-from transforms.perturb import Perturb, PerturbBatchFn
+from kvldp.mechanisms import registry
+from kvldp.mechanisms.base import UserBatch
+from kvldp.datasets import SyntheticDataset
+from kvldp.mechanisms.local import run_local
+from kvldp.mechanisms.randomness import batch_rng
+from kvldp.pipelines.common import counters
+from kvldp.pipelines.graphs import collect_estimates
+from kvldp.transforms.accumulate import Accumulate, MechanismCombineFn
+from kvldp.transforms.io import WriteEstimates
+from kvldp.transforms.ratings import DEAD_LETTER, ReadRatings
+from kvldp.transforms.perturb import Perturb, PerturbBatchFn
 
 
 def _matches(expected: np.ndarray):
@@ -148,7 +148,7 @@ def test_read_ratings_batches_do_not_depend_on_row_order(tmp_path):
 
 @pytest.mark.parametrize("ext", ["avro", "jsonl", "csv"])
 def test_write_estimates_formats(tmp_path, ext):
-    from pipelines.report import read_estimates
+    from kvldp.pipelines.report import read_estimates
 
     mech = registry.make("pckv-grr", 5, 2.0)
     data = SyntheticDataset("uu", n_users=2_000, d=5, seed=1)
@@ -169,7 +169,7 @@ def test_read_ratings_avro_and_jsonl_agree_with_csv(tmp_path):
     """The three input formats yield the same users (Avro per rating.avsc)."""
     import fastavro
 
-    import schemas
+    from kvldp import schemas
 
     rows = [("u1", "A", 5.0), ("u1", "B", 3.0), ("u2", "A", 1.0), ("u3", "C", 4.0), ("u3", "C", 2.0)]
     _write_csv(tmp_path / "r.csv", [f"{u},{i},{r}" for u, i, r in rows])

@@ -21,9 +21,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mechanisms.datasets import SyntheticDataset, truth_counts
-from mechanisms.query import pattern_truth
-from pipelines.graphs import ArraySumCombineFn
+from kvldp.datasets import SyntheticDataset
+
+from kvldp.mechanisms.truth import truth_counts
+from kvldp.mechanisms.query import pattern_truth
+from kvldp.pipelines.graphs import ArraySumCombineFn
 
 
 
@@ -84,7 +86,7 @@ def test_rounded_sums_stay_within_half_a_quantum_per_batch(batches):
     rounded total stays that close to the exact (math.fsum) total."""
     import math
 
-    from mechanisms.datasets import TRUTH_QUANTUM
+    from kvldp.mechanisms.truth import TRUTH_QUANTUM
     d = 100
     total = sum(truth_counts(b, d) for b in batches)[1 + d:]
     exact = [math.fsum(np.concatenate([b.values[b.keys == k] for b in batches])) for k in range(d)]

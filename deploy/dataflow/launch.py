@@ -2,7 +2,7 @@
 flags; translate the template's underscore names into the CLI's and run."""
 import sys
 
-from pipelines.cli import main
+from kvldp.pipelines.cli import main
 
 if __name__ == "__main__":
     args = [a.replace("--key_dictionary", "--key-dictionary") for a in sys.argv[1:]]

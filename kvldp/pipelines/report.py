@@ -10,9 +10,9 @@ import fastavro
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-import schemas
-from mechanisms import metrics
-from transforms.io import format_of
+from kvldp import schemas
+from kvldp.mechanisms import metrics
+from kvldp.transforms.io import format_of
 
 
 TEXT_FIELDS = ("key", "mechanism", "frequency_status", "mean_status")

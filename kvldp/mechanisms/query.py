@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .datasets import exact_sums
+from .truth import exact_sums
 from .ioh import state_index
 
 HELD = (0, 2)

@@ -7,14 +7,14 @@ from typing import Sequence
 import apache_beam as beam
 from apache_beam.pvalue import AsSingleton
 
-from mechanisms.base import Estimates, Mechanism
-from mechanisms.datasets import truth_counts, truth_from_counts
-from mechanisms.protocol import Protocol
-import schemas
-from mechanisms.query import pattern_truth
-from schemas.records import estimate_records, ioh_counts_record
-from transforms.accumulate import Accumulate, ArraySumCombineFn, Calibrate
-from transforms.rounds import RunProtocol
+from kvldp.mechanisms.base import Estimates, Mechanism
+from kvldp.mechanisms.truth import truth_counts, truth_from_counts
+from kvldp.mechanisms.protocol import Protocol
+from kvldp import schemas
+from kvldp.mechanisms.query import pattern_truth
+from kvldp.schemas.records import estimate_records, ioh_counts_record
+from kvldp.transforms.accumulate import Accumulate, ArraySumCombineFn, Calibrate
+from kvldp.transforms.rounds import RunProtocol
 
 
 def to_records(est: Estimates, key_names: Sequence[str], truth=None, keys: Sequence[int] | None = None):

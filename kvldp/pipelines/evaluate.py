@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from mechanisms import metrics, registry
-from mechanisms.local import run_local
-from mechanisms.protocol import run_protocol_local
-from pipelines import common, figures, simulate
-from pipelines.graphs import to_records
-from pipelines.presets import PRESETS
+from kvldp.mechanisms import metrics, registry
+from kvldp.mechanisms.local import run_local
+from kvldp.mechanisms.protocol import run_protocol_local
+from kvldp.pipelines import common, figures, simulate
+from kvldp.pipelines.graphs import to_records
+from kvldp.pipelines.presets import PRESETS
 
 Z95 = 1.96
 COVERAGE_METRICS = ("coverage", "scored", "se_zero", "null", "null_se")

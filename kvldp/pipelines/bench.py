@@ -7,13 +7,14 @@ import time
 
 import numpy as np
 
-from mechanisms import registry
-from mechanisms.local import run_local
-from pipelines import common
-from pipelines.graphs import collect_estimates
-from pipelines.report import read_estimates
-from transforms.io import WriteEstimates
-from transforms.perturb import Perturb
+from kvldp.mechanisms import registry
+from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
+from kvldp.mechanisms.local import run_local
+from kvldp.pipelines import common
+from kvldp.pipelines.graphs import collect_estimates
+from kvldp.pipelines.report import read_estimates
+from kvldp.transforms.io import WriteEstimates
+from kvldp.transforms.perturb import Perturb
 
 
 def add_arguments(parser: argparse.ArgumentParser):
@@ -23,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--keys", type=int, default=100)
     parser.add_argument("--padding", "-l", type=int, default=1)
     parser.add_argument("--dataset", default="synthetic-uu", choices=("synthetic-uu", "synthetic-gg", "synthetic-multi"))
-    parser.add_argument("--batch-size", type=int, default=50_000)
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed runs of each path; the best is reported (the first pays one-off warm-up)")

@@ -8,15 +8,15 @@ import time
 
 import apache_beam as beam
 
-from mechanisms.registry import is_protocol
-from pipelines import common, report
-from pipelines.graphs import estimate_graph, ioh_counts_file, protocol_estimates
-from pipelines.padding import resolve_padding
-from pipelines.query import print_queries
-from pipelines.report import read_text
-from transforms.io import WriteEstimates
-from transforms.ratings import write_dead_letters
-from transforms.perturb import Perturb
+from kvldp.mechanisms.registry import is_protocol
+from kvldp.pipelines import common, report
+from kvldp.pipelines.graphs import estimate_graph, ioh_counts_file, protocol_estimates
+from kvldp.pipelines.padding import resolve_padding
+from kvldp.pipelines.query import print_queries
+from kvldp.pipelines.report import read_text
+from kvldp.transforms.io import WriteEstimates
+from kvldp.transforms.ratings import write_dead_letters
+from kvldp.transforms.perturb import Perturb
 
 
 def add_arguments(parser: argparse.ArgumentParser):

@@ -14,8 +14,8 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsSingleton
 
-from mechanisms.protocol import Collection, Protocol, ProtocolState
-from mechanisms.randomness import batch_rng
+from kvldp.mechanisms.protocol import Collection, Protocol, ProtocolState
+from kvldp.mechanisms.randomness import batch_rng
 
 
 class ProtocolPerturbFn(beam.DoFn):

@@ -18,18 +18,18 @@ import fastavro
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.pvalue import AsSingleton
 
-import schemas
-from mechanisms.datasets import SyntheticDataset
-from mechanisms.protocol import Collection
-from mechanisms.registry import is_protocol
-from pipelines import common, report
-from pipelines.graphs import estimate_graph, ioh_counts_file, to_records
-from pipelines.padding import padding_from_reports, resolve_padding
-from schemas.records import broadcast_records, state_from_broadcast
-from transforms.io import ReadReports, WriteEstimates, WriteReports, check_report_files, report_config
-from transforms.ratings import write_dead_letters
-from transforms.perturb import Perturb
-from transforms.rounds import ProtocolCombineFn, ProtocolPerturbFn, advance_state
+from kvldp import schemas
+from kvldp.datasets import SyntheticDataset
+from kvldp.mechanisms.protocol import Collection
+from kvldp.mechanisms.registry import is_protocol
+from kvldp.pipelines import common, report
+from kvldp.pipelines.graphs import estimate_graph, ioh_counts_file, to_records
+from kvldp.pipelines.padding import padding_from_reports, resolve_padding
+from kvldp.schemas.records import broadcast_records, state_from_broadcast
+from kvldp.transforms.io import ReadReports, WriteEstimates, WriteReports, check_report_files, report_config
+from kvldp.transforms.ratings import write_dead_letters
+from kvldp.transforms.perturb import Perturb
+from kvldp.transforms.rounds import ProtocolCombineFn, ProtocolPerturbFn, advance_state
 
 
 def report_prefix(output: str) -> str:

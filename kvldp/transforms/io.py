@@ -19,8 +19,9 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-import schemas
-from schemas.records import (olh_reports_from_records, packed_reports_from_records, report_records, report_schema,
+from kvldp import schemas
+from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
+from kvldp.schemas.records import (olh_reports_from_records, packed_reports_from_records, report_records, report_schema,
                              reports_from_records)
 
 FORMATS = ("csv", "jsonl", "avro")
@@ -141,7 +142,7 @@ def check_report_files(pattern: str, config: Mapping, found: Mapping | None = No
 class ReadReports(beam.PTransform):
     """Avro report files -> ``ReportBatch``es, checked against ``config``."""
 
-    def __init__(self, pattern: str, config: Mapping, batch_rows: int = 50_000, label: str | None = None):
+    def __init__(self, pattern: str, config: Mapping, batch_rows: int = DEFAULT_BATCH_SIZE, label: str | None = None):
         super().__init__(label)
         self._pattern = pattern
         self._fn = _ReadReportFileFn(dict(config), batch_rows)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from mechanisms.base import Mechanism, UserBatch
-from mechanisms.randomness import batch_rng
+from kvldp.mechanisms.base import Mechanism, UserBatch
+from kvldp.mechanisms.randomness import batch_rng
 
 
 class PerturbBatchFn(beam.DoFn):

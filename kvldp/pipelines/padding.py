@@ -47,11 +47,11 @@ from typing import Sequence
 import apache_beam as beam
 import numpy as np
 
-from mechanisms import registry
-from mechanisms.datasets import Dataset, InMemoryDataset
-from mechanisms.padding import (DEFAULT_COVERAGE, PaddingCheck, check_padding, choose_padding, merge_histograms,
+from kvldp.mechanisms import registry
+from kvldp.datasets import Dataset, InMemoryDataset
+from kvldp.mechanisms.padding import (DEFAULT_COVERAGE, PaddingCheck, check_padding, choose_padding, merge_histograms,
                                 size_histogram)
-from pipelines import common
+from kvldp.pipelines import common
 
 
 def takes_padding(mechanism: str) -> bool:

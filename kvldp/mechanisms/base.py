@@ -20,6 +20,10 @@ from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 import numpy as np
 
+# Users per batch: large enough that per-batch overhead vanishes in NumPy, small
+# enough that a batch of reports fits a worker's memory many times over.
+DEFAULT_BATCH_SIZE = 50_000
+
 
 @dataclasses.dataclass(frozen=True)
 class UserBatch:

@@ -24,11 +24,11 @@ import numpy as np
 from apache_beam.io import fileio
 from apache_beam.metrics import Metrics
 
-from mechanisms.base import UserBatch
-from transforms.io import format_of
+from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE, UserBatch
+from kvldp.transforms.io import format_of
 
 DEAD_LETTER = "dead_letter"
-CHUNK_ROWS = 50_000
+CHUNK_ROWS = DEFAULT_BATCH_SIZE
 
 
 def normalise(ratings: np.ndarray, rating_range: tuple[float, float]) -> np.ndarray:

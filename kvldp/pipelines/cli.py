@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from pipelines import advise, bench, evaluate, query, simulate, split
+from kvldp.pipelines import advise, bench, evaluate, query, simulate, split
 
 COMMANDS = {
     "simulate": (simulate.add_arguments, simulate.run,

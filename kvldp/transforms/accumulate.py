@@ -10,7 +10,7 @@ from __future__ import annotations
 import apache_beam as beam
 import numpy as np
 
-from mechanisms.base import Mechanism
+from kvldp.mechanisms.base import Mechanism
 
 
 class MechanismCombineFn(beam.CombineFn):

@@ -13,7 +13,8 @@ from typing import Iterable
 import numpy as np
 
 from .base import Estimates, Mechanism, UserBatch
-from .datasets import DEFAULT_BATCH_SIZE, Dataset, truth_counts, truth_from_counts
+from .base import DEFAULT_BATCH_SIZE
+from .truth import truth_counts, truth_from_counts
 from .randomness import batch_rng
 
 
@@ -38,7 +39,7 @@ def perturb_and_count(mechanism: Mechanism, batches: Iterable[UserBatch], seed: 
     return counts, truth
 
 
-def run_local(mechanism: Mechanism, dataset: Dataset, seed: int,
+def run_local(mechanism: Mechanism, dataset, seed: int,
               batch_size: int = DEFAULT_BATCH_SIZE) -> LocalResult:
     """Run ``mechanism`` end to end over ``dataset`` in this process."""
     if dataset.d != mechanism.d:

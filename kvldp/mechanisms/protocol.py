@@ -28,7 +28,8 @@ import numpy as np
 
 from .base import Estimates, ReportBatch, UserBatch
 from .budget import BudgetLedger
-from .datasets import DEFAULT_BATCH_SIZE, Dataset, truth_counts
+from .base import DEFAULT_BATCH_SIZE
+from .truth import truth_counts
 from .randomness import STREAM_GROUP, batch_rng
 
 
@@ -213,7 +214,7 @@ class ProtocolResult:
     states: list          # the state after each round (index r = after round r+1)
 
 
-def run_protocol_local(protocol: Protocol, dataset: Dataset, seed: int,
+def run_protocol_local(protocol: Protocol, dataset, seed: int,
                        batch_size: int = DEFAULT_BATCH_SIZE) -> ProtocolResult:
     """Run every round over ``dataset`` in this process (the same users each
     round; batch ``b`` of round ``r`` uses ``batch_rng(seed, b, round=r)``;

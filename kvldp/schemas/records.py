@@ -7,11 +7,11 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-import schemas
-from mechanisms.base import Estimates, ReportBatch
-from mechanisms.ioh import PackedReportBatch, packed_width
-from mechanisms.oracles import OLHReportBatch
-from mechanisms.protocol import Collection, ProtocolState
+from kvldp import schemas
+from kvldp.mechanisms.base import Estimates, ReportBatch
+from kvldp.mechanisms.ioh import PackedReportBatch, packed_width
+from kvldp.mechanisms.oracles import OLHReportBatch
+from kvldp.mechanisms.protocol import Collection, ProtocolState
 
 
 def _opt(x) -> float | None:

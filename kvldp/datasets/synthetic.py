@@ -1,0 +1,124 @@
+"""Synthetic rating data.
+
+Synthetic settings of the PCKV authors' ``GenData.m`` (PCKV §6, PCKV.md):
+one pair per user (``l = 1``), ``d`` keys,
+
+* ``uu``: the key of each user uniform over ``K``; each key's mean uniform
+  on ``[-1, 1]``; every holder of key ``k`` holds the value ``m_k``;
+* ``gg``: the key from ``N(0, sigma_key = 50)`` discretised onto ``1 … d``
+  (samples outside discarded, i.e. a half-normal over the keys); means from
+  ``N(0, sigma_mean = 1)`` with samples outside ``[-1, 1]`` discarded.
+
+``multi``: users with ``1 + Poisson(lam)`` distinct keys drawn without
+replacement from a Zipf(s) popularity, values ``m_k + N(0, spread)`` clipped
+to ``[-1, 1]`` -- the multi-pair setting of padding-and-sampling.
+
+``corr``: a latent-class model with correlated keys and values, for
+conditional analysis: each user belongs to one of ``classes`` classes
+(weights ``Dirichlet(2)``); in class ``c`` key ``k`` is held independently
+w.p. ``pi[c, k] ~ Beta(0.7, 2)`` with value ``mu[c, k] + N(0, spread)``
+(``mu ~ U[-1, 1]``), clipped. Holding one key then changes the chances of
+holding another, and the values of both, so conditional answers differ
+from unconditional ones.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from kvldp.mechanisms.base import UserBatch
+from kvldp.mechanisms.randomness import STREAM_DATA, STREAM_DATA_SETUP, batch_rng
+
+from .base import Dataset
+
+SYNTHETIC_KINDS = ("uu", "gg", "multi", "corr")
+
+
+@dataclasses.dataclass
+class SyntheticDataset(Dataset):
+    kind: str = "uu"
+    n_users: int = 1_000_000
+    d: int = 100
+    seed: int = 0
+    sigma_key: float = 50.0
+    sigma_mean: float = 1.0
+    lam: float = 1.0
+    zipf: float = 1.0
+    spread: float = 0.3
+    classes: int = 3
+
+    def __post_init__(self):
+        if self.kind not in SYNTHETIC_KINDS:
+            raise ValueError(f"unknown synthetic kind {self.kind!r}; known: {SYNTHETIC_KINDS}")
+        if self.n_users < 1 or self.d < 1:
+            raise ValueError("need at least one user and one key")
+        self.name = f"synthetic-{self.kind}"
+        rng = batch_rng(self.seed, 0, STREAM_DATA_SETUP)
+        if self.kind == "gg":
+            edges = np.arange(self.d + 1) / self.sigma_key
+            cdf = np.array([math.erf(e / math.sqrt(2)) for e in edges])
+            self.key_probs = np.diff(cdf) / (cdf[-1] - cdf[0])
+            self.key_means = _truncated_normal(rng, self.sigma_mean, self.d)
+        elif self.kind == "uu":
+            self.key_probs = np.full(self.d, 1.0 / self.d)
+            self.key_means = rng.uniform(-1.0, 1.0, self.d)
+        elif self.kind == "multi":
+            w = 1.0 / np.arange(1, self.d + 1) ** self.zipf
+            self.key_probs = w / w.sum()
+            self.key_means = rng.uniform(-1.0, 1.0, self.d)
+        else:
+            self.class_weights = rng.dirichlet(np.full(self.classes, 2.0))
+            self.class_hold = rng.beta(0.7, 2.0, size=(self.classes, self.d))
+            self.class_means = rng.uniform(-1.0, 1.0, size=(self.classes, self.d))
+            self.key_probs = self.class_weights @ self.class_hold
+            self.key_means = (self.class_weights[:, None] * self.class_hold * self.class_means).sum(0) / self.key_probs
+        self.default_padding = 1 if self.kind in ("uu", "gg") else 2
+
+    def batch(self, batch_id: int, start: int, stop: int) -> UserBatch:
+        rng = batch_rng(self.seed, batch_id, STREAM_DATA)
+        n = stop - start
+        if self.kind == "uu":
+            keys = rng.integers(0, self.d, size=n)
+            return UserBatch.single_pair(keys, self.key_means[keys], batch_id)
+        if self.kind == "gg":
+            keys = rng.choice(self.d, size=n, p=self.key_probs)
+            return UserBatch.single_pair(keys, self.key_means[keys], batch_id)
+        if self.kind == "multi":
+            return self._multi(rng, n, batch_id)
+        return self._latent_classes(rng, n, batch_id)
+
+    def _latent_classes(self, rng, n, batch_id) -> UserBatch:
+        cls = rng.choice(self.classes, size=n, p=self.class_weights)
+        held = rng.random((n, self.d)) < self.class_hold[cls]
+        owner, keys = np.nonzero(held)                 # row-major: grouped by user, keys sorted
+        values = np.clip(self.class_means[cls[owner], keys] + rng.normal(0.0, self.spread, len(keys)), -1.0, 1.0)
+        sizes = np.bincount(owner, minlength=n)
+        return UserBatch(np.concatenate([[0], np.cumsum(sizes)]), keys, values, batch_id)
+
+    def _multi(self, rng, n, batch_id) -> UserBatch:
+        sizes = np.minimum(1 + rng.poisson(self.lam, size=n), self.d)
+        logw = np.log(self.key_probs)
+        keys = []
+        # Gumbel top-k = weighted sampling without replacement, in row chunks
+        # so that the (users x d) score matrix stays around 2M entries.
+        rows = max(1, 2_000_000 // self.d)
+        for s in range(0, n, rows):
+            size = sizes[s:s + rows]
+            scores = logw[None, :] + rng.gumbel(size=(len(size), self.d))
+            top = np.argsort(-scores, axis=1)[:, :size.max()]
+            keys.append(top[np.arange(top.shape[1])[None, :] < size[:, None]])
+        keys = np.concatenate(keys)
+        values = np.clip(self.key_means[keys] + rng.normal(0.0, self.spread, len(keys)), -1.0, 1.0)
+        return UserBatch(np.concatenate([[0], np.cumsum(sizes)]), keys, values, batch_id)
+
+
+def _truncated_normal(rng, sigma, size):
+    out = np.empty(0)
+    while len(out) < size:
+        draw = rng.normal(0.0, sigma, size * 4)
+        out = np.concatenate([out, draw[np.abs(draw) <= 1.0]])
+    return out[:size]
+
+
