@@ -3,32 +3,25 @@ from __future__ import annotations
 
 import types
 
-from kvldp.mechanisms import registry
 from kvldp.datasets import SyntheticDataset
+from kvldp.mechanisms import registry
 from kvldp.mechanisms.protocol import Collection
 from kvldp.mechanisms.randomness import batch_rng
 
 
 def _run(mech, data, seed, batch_size):
     """Every round's report batches and counts, and the final estimates."""
-    if not registry.is_protocol(mech):
-        reports, counts = [], mech.new_counts()
-        for users in data.batches(batch_size):
-            r = mech.perturb(users, batch_rng(seed, users.batch_id))
-            reports.append(r)
-            mech.accumulate(counts, r)
-        return {"rounds": [(reports, counts)], "estimates": mech.estimate(counts)}
     state = mech.initial_state(Collection.from_seed(seed))
     rounds = []
     for r in range(mech.max_rounds):
         if state.stopped:
             break
-        reports, counts = [], mech.new_counts(r)
+        reports, counts = [], mech.new_round_counts(r)
         for users in data.batches(batch_size):
-            rep = mech.perturb(r, mech.participants(r, users, state), batch_rng(seed, users.batch_id, round_index=r),
-                               state)
+            rng = batch_rng(seed, users.batch_id, round_index=r)
+            rep = mech.perturb_round(r, mech.participants(r, users, state), rng, state)
             reports.append(rep)
-            mech.accumulate(r, counts, rep)
+            mech.accumulate_round(r, counts, rep)
         state = mech.next_state(r, state, counts)
         rounds.append((reports, counts))
     return {"rounds": rounds, "estimates": mech.estimates(state)}

@@ -36,9 +36,10 @@ from kvldp.datasets import InMemoryDataset, SyntheticDataset
 from kvldp.mechanisms.truth import truth_from_counts
 from kvldp.mechanisms.kskv import (KSGRR, KSUE, KSAdap, grr_p, grr_pairs, grr_q, norm_sub,
                              sample_one_pair)
-from kvldp.mechanisms.local import perturb_and_count, run_local
+from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.metrics import mse, ncr, top_keys, top_t_intersection
-from kvldp.mechanisms.protocol import Collection, ProtocolState, assign_groups, run_protocol_local
+from kvldp.mechanisms.protocol import Collection, ProtocolState, assign_groups
+from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.randomness import batch_rng
 from ldp_audit import all_users
 
@@ -193,7 +194,7 @@ def test_ksue_perturb_matches_output_probabilities(pairs):
     reports = mech.perturb(identical_users(pairs, n), batch_rng(61, len(pairs)))
     owner = np.repeat(np.arange(n), np.diff(reports.offsets))
     y = np.zeros((n, dp), dtype=np.int64)
-    y[owner, reports.positions] = reports.signs
+    y[owner, reports.positions] = reports.symbols
     weights = 3 ** np.arange(dp - 1, -1, -1)
     np.testing.assert_array_equal((mech.all_outputs() + 1) @ weights, np.arange(3 ** dp))
     counts = np.bincount((y + 1) @ weights, minlength=3 ** dp)
@@ -231,6 +232,16 @@ def uu_batches():
     return data, tuple(data.batches(UU_BATCH))
 
 
+class OneBatch:
+    """A fixed batch as a dataset (``run_local`` over it alone)."""
+
+    def __init__(self, users, d):
+        self.users, self.d = users, d
+
+    def batches(self, batch_size=None):
+        yield self.users
+
+
 @functools.lru_cache(maxsize=None)
 def ksue_run(eps, r):
     """One run over the 10^6 users, kept per batch: ``(counts[b], truth[b])``.
@@ -239,8 +250,8 @@ def ksue_run(eps, r):
     their sum."""
     mech = KSUE(D, eps)
     _, batches = uu_batches()
-    per = [perturb_and_count(mech, [b], seed=UE_SEED + r) for b in batches]
-    return np.array([c for c, _ in per]), np.array([t for _, t in per])
+    per = [run_local(mech, OneBatch(b, D), seed=UE_SEED + r) for b in batches]
+    return np.array([p.counts for p in per]), np.array([p.truth for p in per])
 
 
 def ksue_errors(eps, R):
@@ -380,8 +391,8 @@ def test_grr_pairs_draws_the_analytic_distribution(t):
     for i, (k, x) in enumerate([(0, 1), (2 * t - 1, -1), (2 * t, 1)]):
         rep = grr_pairs(np.full(n, k), np.full(n, x), n_keys, eps, batch_rng(70 + t, i))
         np.testing.assert_array_equal(rep.offsets, np.arange(n + 1))
-        assert set(np.unique(rep.signs)) <= {-1, 1}
-        counts = np.bincount(2 * rep.positions.astype(np.int64) + (rep.signs > 0), minlength=2 * n_keys)
+        assert set(np.unique(rep.symbols)) <= {-1, 1}
+        counts = np.bincount(2 * rep.positions.astype(np.int64) + (rep.symbols > 0), minlength=2 * n_keys)
         assert_matches(counts, G[pair_index(k, x)], n)
 
 
@@ -409,9 +420,9 @@ def test_ksgrr_client_final_round_draws_the_audited_distribution():
         "mixed": ([(2, 0.4), (4, -1.0)], 0.5 * bottom + 0.5 * holder(3, -1.0)),
     }
     for i, (pairs, expect) in enumerate(cases.values()):
-        rep = proto.perturb(1, identical_users(pairs, n, batch_id=i), batch_rng(80, i), state)
+        rep = proto.perturb_round(1, identical_users(pairs, n, batch_id=i), batch_rng(80, i), state)
         assert rep.n_reports == n and rep.batch_id == i
-        counts = np.bincount(2 * rep.positions.astype(np.int64) + (rep.signs > 0), minlength=10)
+        counts = np.bincount(2 * rep.positions.astype(np.int64) + (rep.symbols > 0), minlength=10)
         assert_matches(counts, expect, n)
 
 
@@ -443,7 +454,7 @@ def test_round_1_reports_one_uniformly_sampled_key_by_olh():
         assert np.all(value[key == k] == v)
     o = proto.olh
     for pairs, item in (([(6, 0.5)], 6), ([], d)):
-        rep = proto.perturb(0, identical_users(pairs, n), batch_rng(91, item), proto.initial_state())
+        rep = proto.perturb_round(0, identical_users(pairs, n), batch_rng(91, item), proto.initial_state())
         kept = np.mean(rep.values == o.hash(rep.a, rep.b, np.full(n, item)))
         assert abs(kept - o.p) < Z * math.sqrt(o.p * (1 - o.p) / n), (item, kept)
 
@@ -504,9 +515,9 @@ def test_ksadap_client_final_round_draws_the_audited_distribution():
         ([(1, 0.5), (4, -0.5)], []),                                # no candidate key
     ]
     for i, (pairs, ranked) in enumerate(cases):
-        rep = proto.perturb(2, identical_users(pairs, n, batch_id=i), batch_rng(95, i), state)
+        rep = proto.perturb_round(2, identical_users(pairs, n, batch_id=i), batch_rng(95, i), state)
         assert rep.n_reports == n
-        counts = np.bincount(2 * rep.positions.astype(np.int64) + (rep.signs > 0), minlength=2 * (4 + l))
+        counts = np.bincount(2 * rep.positions.astype(np.int64) + (rep.symbols > 0), minlength=2 * (4 + l))
         assert_matches(counts, adap_sampling(ranked, 4, l) @ G, n)
 
 
@@ -594,7 +605,7 @@ GRR_EPS, GRR_T, GRR_R = 2.0, 5, 24
 def ksgrr_runs():
     data = SyntheticDataset(**GG)
     proto = KSGRR(100, GRR_EPS, top=GRR_T)
-    return data, proto, [run_protocol_local(proto, data, seed=500 + r) for r in range(GRR_R)]
+    return data, proto, [run_local(proto, data, seed=500 + r) for r in range(GRR_R)]
 
 
 def test_ksgrr_candidates_are_the_olh_top_2t():
@@ -622,7 +633,7 @@ def test_ksgrr_candidates_are_the_olh_top_2t():
 
 def test_ksgrr_all_keys_are_candidates_when_2t_exceeds_d():
     data = SyntheticDataset("gg", n_users=20_000, d=6, seed=4)
-    res = run_protocol_local(KSGRR(6, 1.0, top=4), data, seed=3)
+    res = run_local(KSGRR(6, 1.0, top=4), data, seed=3)
     rank = res.states[0].broadcast
     assert sorted(rank.tolist()) == list(range(6))
     assert np.all(np.isfinite(res.estimates.mean_se))
@@ -787,7 +798,7 @@ def adap_population():
 
 def adap_run(coverage, seed):
     data, _ = adap_population()
-    return run_protocol_local(KSAdap(48, ADAP_EPS, top=4, coverage=coverage), data, seed=seed)
+    return run_local(KSAdap(48, ADAP_EPS, top=4, coverage=coverage), data, seed=seed)
 
 
 @functools.lru_cache(maxsize=None)

@@ -126,11 +126,11 @@ def test_pckv_ue_perturb_matches_output_probabilities(pairs):
     dp = mech.params.d_prime
     reports = mech.perturb(_identical_users(pairs, n), batch_rng(41, len(pairs)))
     assert reports.n_reports == n
-    assert set(np.unique(reports.signs)) <= {-1, 1}
+    assert set(np.unique(reports.symbols)) <= {-1, 1}
     owner = np.repeat(np.arange(n), np.diff(reports.offsets))
     assert np.all(np.diff(reports.positions)[owner[1:] == owner[:-1]] > 0)  # sorted, no duplicates
     y = np.zeros((n, dp), dtype=np.int64)
-    y[owner, reports.positions] = reports.signs
+    y[owner, reports.positions] = reports.symbols
     weights = 3 ** np.arange(dp - 1, -1, -1)
     outputs = mech.all_outputs()
     np.testing.assert_array_equal((outputs + 1) @ weights, np.arange(len(outputs)))  # index map
@@ -149,11 +149,11 @@ def test_pckv_grr_perturb_matches_output_probabilities(pairs):
     mech = PCKVGRR(d, eps, padding=l)
     reports = mech.perturb(_identical_users(pairs, n), batch_rng(42, len(pairs)))
     np.testing.assert_array_equal(reports.offsets, np.arange(n + 1))
-    assert set(np.unique(reports.signs)) <= {-1, 1}
+    assert set(np.unique(reports.symbols)) <= {-1, 1}
     outputs = mech.all_outputs()
     index = {(int(k), int(s)): i for i, (k, s) in enumerate(outputs)}
     assert len(index) == len(outputs) == 2 * mech.params.d_prime
-    idx = 2 * reports.positions.astype(np.int64) + (reports.signs > 0)
+    idx = 2 * reports.positions.astype(np.int64) + (reports.symbols > 0)
     assert all(index[(k, s)] == 2 * k + (s > 0) for k, s in index)
     counts = np.bincount(idx, minlength=len(outputs))
     _assert_matches(counts, mech.output_probabilities(pairs), n)

@@ -31,7 +31,7 @@ from kvldp.mechanisms.privkv import (FAKE_UNIFORM, PrivKV, PrivKVA, PrivKVMVirtu
                                lpp_perturb, lpp_split, privkv_a_counts, privkv_frequency, privkv_mean,
                                virtual_iterations)
 from kvldp.mechanisms.privkvm import PrivKVM, PrivKVMPlus, expected_mean_recursion
-from kvldp.mechanisms.protocol import run_protocol_local
+from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.randomness import batch_rng
 from ldp_audit import all_users, log_worst_ratio
 
@@ -248,7 +248,7 @@ def privkvm_population():
 def privkvm_repeats():
     data = privkvm_population()
     proto = PrivKVM(M_D, M_EPS, rounds=M_C)
-    return data, proto, [run_protocol_local(proto, data, seed=900 + r) for r in range(M_R)]
+    return data, proto, [run_local(proto, data, seed=900 + r) for r in range(M_R)]
 
 
 def recursion_by_hand(m, f, ps, m0):
@@ -419,7 +419,7 @@ P_D, P_N, P_EPS, P_T, P_MAX = 10, 200_000, 4.0, 2.0, 6
 def plus_run(a0, seed=77):
     data = SyntheticDataset("uu", n_users=P_N, d=P_D, seed=2)
     proto = PrivKVMPlus(P_D, P_EPS, t=P_T, a0=a0, max_rounds=P_MAX)
-    return proto, run_protocol_local(proto, data, seed=seed)
+    return proto, run_local(proto, data, seed=seed)
 
 
 def distances(result):
@@ -624,7 +624,7 @@ def test_lpp_perturb_draws_output_probabilities(pairs, fake, eps1, eps2):
     users = UserBatch(np.arange(n + 1) * len(pairs), keys, vals)
     rep = lpp_perturb(users, d, p1, p2, fake, batch_rng(61, len(pairs)))
     np.testing.assert_array_equal(rep.offsets, np.arange(n + 1))
-    counts = np.bincount(3 * rep.positions.astype(np.int64) + rep.signs + 1, minlength=3 * d)
+    counts = np.bincount(3 * rep.positions.astype(np.int64) + rep.symbols + 1, minlength=3 * d)
     probs = lpp_output_probabilities(pairs, d, p1, p2, fake)
     assert n * probs.min() > 50
     z = (counts / n - probs) / np.sqrt(probs * (1 - probs) / n)
@@ -698,7 +698,7 @@ def test_accumulate_rejects_out_of_range_positions():
         with pytest.raises(ValueError):
             mech.accumulate(mech.new_counts(), ReportBatch([0, 1, 2], [0, bad], [1, 0]))
         with pytest.raises(ValueError):
-            proto.accumulate(1, proto.new_counts(1), ReportBatch([0, 1, 2], [bad, 1], [-1, 1]))
+            proto.accumulate_round(1, proto.new_round_counts(1), ReportBatch([0, 1, 2], [bad, 1], [-1, 1]))
     counts = mech.accumulate(mech.new_counts(), ReportBatch([0, 1, 2, 3], [0, d - 1, 2], [1, -1, 0]))
     assert counts[0] == 3 and counts[1 + 0] == 1 and counts[1 + d + d - 1] == 1 and counts[1 + 2 * d + 2] == 1
     assert counts.sum() == 6
@@ -717,20 +717,20 @@ def test_report_signs_zero_exactly_when_key_bit_is_zero():
     for p1 in (1.0, 0.0):
         rep = lpp_perturb(users, d, p1, 1.0, fake, batch_rng(5, int(p1)))
         np.testing.assert_array_equal(rep.offsets, np.arange(n + 1))
-        assert rep.signs.dtype == np.int8 and set(np.unique(rep.signs)) <= {-1, 0, 1}
+        assert rep.symbols.dtype == np.int8 and set(np.unique(rep.symbols)) <= {-1, 0, 1}
         held = np.array([(i, int(j)) in flat for i, j in enumerate(rep.positions)])
         key_bit = held if p1 == 1.0 else ~held
-        np.testing.assert_array_equal(rep.signs == 0, ~key_bit)
+        np.testing.assert_array_equal(rep.symbols == 0, ~key_bit)
         value = np.where(held, np.where(rep.positions == 1, -1, 1), fake[rep.positions])
-        np.testing.assert_array_equal(rep.signs[key_bit], value[key_bit])
+        np.testing.assert_array_equal(rep.symbols[key_bit], value[key_bit])
         assert held.any() and (~held).any()
     # general parameters: signs in {-1, 0, +1}, one report per user, j in [0, d)
     rep = PrivKV(d, 1.0).perturb(users, batch_rng(6, 0))
-    assert set(np.unique(rep.signs)) == {-1, 0, 1}
+    assert set(np.unique(rep.symbols)) == {-1, 0, 1}
     assert rep.positions.min() >= 0 and rep.positions.max() < d and rep.n_reports == n
 
 
 def test_protocol_rejects_mismatched_dataset():
     data = SyntheticDataset("uu", n_users=100, d=4, seed=0)
     with pytest.raises(ValueError):
-        run_protocol_local(PrivKVM(5, 1.0), data, seed=1)
+        run_local(PrivKVM(5, 1.0), data, seed=1)

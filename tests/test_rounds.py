@@ -12,7 +12,7 @@ from apache_beam.testing.util import BeamAssertException, assert_that
 
 from kvldp.mechanisms import registry
 from kvldp.datasets import SyntheticDataset
-from kvldp.mechanisms.protocol import run_protocol_local
+from kvldp.mechanisms.local import run_local
 from kvldp.pipelines import cli
 from kvldp.pipelines.report import read_estimates
 from kvldp.transforms.rounds import RunProtocol
@@ -26,7 +26,7 @@ def _users(p, data, batch):
 def test_pipeline_equals_local_runner(name, options):
     proto = registry.make(name, 12, 3.0, **options)
     data = SyntheticDataset("uu", n_users=30_000, d=12, seed=2)
-    local = run_protocol_local(proto, data, seed=8, batch_size=7_000)
+    local = run_local(proto, data, seed=8, batch_size=7_000)
 
     def check(states):
         (s,) = states
@@ -37,7 +37,7 @@ def test_pipeline_equals_local_runner(name, options):
             raise BeamAssertException(f"pipeline state {s} != local {local.state}")
 
     with beam.Pipeline(runner=FnApiRunner()) as p:
-        assert_that(_users(p, data, 7_000) | RunProtocol(proto, seed=8), check)
+        assert_that((_users(p, data, 7_000) | RunProtocol(proto, seed=8))["state"], check)
 
 
 def test_privkvm_graph_is_three_stages_linked_by_side_inputs():
@@ -133,7 +133,7 @@ def test_key_strategy_pipeline_equals_local_runner(name, options, kind):
     (KS-Adap) the chosen padding give the local runner's estimates exactly."""
     proto = registry.make(name, 15, 3.0, **options)
     data = SyntheticDataset(kind, n_users=30_000, d=15, seed=4)
-    local = run_protocol_local(proto, data, seed=9, batch_size=6_000)
+    local = run_local(proto, data, seed=9, batch_size=6_000)
 
     def check(states):
         (s,) = states
@@ -141,7 +141,7 @@ def test_key_strategy_pipeline_equals_local_runner(name, options, kind):
             raise BeamAssertException(f"pipeline state {s} != local {local.state}")
 
     with beam.Pipeline(runner=FnApiRunner()) as p:
-        assert_that(_users(p, data, 6_000) | RunProtocol(proto, seed=9), check)
+        assert_that((_users(p, data, 6_000) | RunProtocol(proto, seed=9))["state"], check)
 
 
 def test_ks_adap_split_rounds_equal_one_pipeline(tmp_path):

@@ -25,8 +25,9 @@ import pytest
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.protocol import Collection, Protocol
 from kvldp.pipelines import cli
-from kvldp.schemas.records import olh_reports_from_records, reports_from_records
 from kvldp.pipelines.split import read_broadcast
+from kvldp.mechanisms.base import ReportBatch
+from kvldp.mechanisms.oracles import OLHReportBatch
 
 N_USERS = 240
 EPS = 30.0
@@ -86,14 +87,14 @@ def run_rounds(tmp_path, name: str, ratings: str, extra=()) -> list[str]:
 
 def round_counts(proto, round_index: int, prefix: str) -> np.ndarray:
     """The collector's count array of one round, from its report files."""
-    counts = proto.new_counts(round_index)
+    counts = proto.new_round_counts(round_index)
     for path in sorted(glob.glob(prefix + "-*.avro")):
         with open(path, "rb") as fh:
             reader = fastavro.reader(fh)
             olh = reader.writer_schema["name"].endswith("OLHReport")
             rows = list(reader)
-        batch = olh_reports_from_records(rows) if olh else reports_from_records(rows)
-        proto.accumulate(round_index, counts, batch)
+        batch = (OLHReportBatch if olh else ReportBatch).from_records(rows)
+        proto.accumulate_round(round_index, counts, batch)
     return counts
 
 

@@ -35,7 +35,7 @@ from kvldp.mechanisms.base import UserBatch
 from kvldp.datasets import InMemoryDataset, SyntheticDataset
 from kvldp.mechanisms.truth import truth_from_counts
 from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.protocol import run_protocol_local
+from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.variance import multinomial_delta_variance
 from kvldp.schemas.records import estimate_records
 
@@ -48,7 +48,7 @@ SAMPLED = ("privkv", "privkv-a", "privkvm-vi", "f2m", "kvue", "kvoh")     # one 
 
 def run(name, data, eps, seed, **options):
     mech = registry.make(name, data.d, eps, **options)
-    res = (run_protocol_local if registry.is_protocol(mech) else run_local)(mech, data, seed)
+    res = run_local(mech, data, seed)
     keys = mech.estimate_keys if not registry.is_protocol(mech) else list(range(data.d))
     f, m = truth_from_counts(res.truth, data.d)
     return res.estimates, f[keys], m[keys]
@@ -289,7 +289,7 @@ class _Shape:
         self.proto, self.r = proto, r
 
     def new_counts(self):
-        return self.proto.new_counts(self.r)
+        return self.proto.new_round_counts(self.r)
 
 
 def test_privkvm_vi_keys_nobody_holds_get_no_boundary_mean():

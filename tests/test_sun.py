@@ -209,8 +209,8 @@ def test_perturb_matches_output_probabilities(cls, pairs):
     rep = mech.perturb(identical_users(pairs, n), batch_rng(71, len(pairs) + 10 * len(mech.symbols)))
     np.testing.assert_array_equal(rep.offsets, np.arange(n + 1))
     index = {s: i for i, s in enumerate(mech.symbols)}
-    assert set(np.unique(rep.signs).tolist()) <= set(index)
-    sym = np.vectorize(index.get)(rep.signs.astype(np.int64))
+    assert set(np.unique(rep.symbols).tolist()) <= set(index)
+    sym = np.vectorize(index.get)(rep.symbols.astype(np.int64))
     counts = np.bincount(rep.positions.astype(np.int64) * len(mech.symbols) + sym,
                          minlength=d * len(mech.symbols))
     probs = mech.output_probabilities(pairs)
@@ -245,7 +245,7 @@ def test_symbol_meaning_without_noise(cls):
     else:
         held = s != 1
         want = np.where(held, s - 1, 1) * (1 + held)            # default value +1
-    np.testing.assert_array_equal(rep.signs, want)
+    np.testing.assert_array_equal(rep.symbols, want)
 
 
 # =====================================================================
@@ -293,7 +293,7 @@ def _state_repeats(cls, R):
         np.testing.assert_array_equal(rep.offsets, np.arange(users.n_users + 1))
         for r in range(VAR_CHUNK):
             s = slice(r * VAR_N, (r + 1) * VAR_N)
-            one = ReportBatch(np.arange(VAR_N + 1), rep.positions[s], rep.signs[s])
+            one = ReportBatch(np.arange(VAR_N + 1), rep.positions[s], rep.symbols[s])
             counts.append(mech.accumulate(mech.new_counts(), one))
         j = rep.positions.astype(np.int64).reshape(VAR_CHUNK, VAR_N)
         true_state = states[np.arange(VAR_N)[None, :], j]

@@ -17,11 +17,11 @@ from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.randomness import batch_rng
 from kvldp.pipelines.common import counters
-from kvldp.pipelines.graphs import collect_estimates
-from kvldp.transforms.accumulate import Accumulate, MechanismCombineFn
+from kvldp.pipelines.graphs import collect_graph
+from kvldp.transforms.accumulate import Accumulate, RoundCombineFn
 from kvldp.transforms.io import WriteEstimates
 from kvldp.transforms.ratings import DEAD_LETTER, ReadRatings
-from kvldp.transforms.perturb import Perturb, PerturbBatchFn
+from kvldp.transforms.perturb import Perturb, PerturbFn
 
 
 def _matches(expected: np.ndarray):
@@ -50,7 +50,7 @@ def test_perturb_is_retry_safe():
     reports; another batch id yields other reports."""
     mech = registry.make("pckv-ue", 20, 1.0)
     users = SyntheticDataset("uu", n_users=5_000, d=20, seed=1).batch(3, 0, 5_000)
-    fn = PerturbBatchFn(mech, seed=42)
+    fn = PerturbFn(mech, seed=42)
     first, again = next(iter(fn.process(users))), next(iter(fn.process(users)))
     assert first.equals(again)
     other = UserBatch(users.offsets, users.keys, users.values, batch_id=4)
@@ -59,7 +59,7 @@ def test_perturb_is_retry_safe():
 
 def test_combine_fn_merges_in_any_order():
     mech = registry.make("pckv-grr", 10, 1.0)
-    fn = MechanismCombineFn(mech)
+    fn = RoundCombineFn(mech)
     data = SyntheticDataset("uu", n_users=3_000, d=10, seed=2)
     parts = []
     for spec in data.specs(1_000):
@@ -156,7 +156,7 @@ def test_write_estimates_formats(tmp_path, ext):
     with beam.Pipeline(runner=FnApiRunner()) as p:
         reports = p | beam.Create(data.specs(1_000)) | beam.MapTuple(data.batch) | Perturb(mech, 3)
         names = p | "Names" >> beam.Create([["a", "b", "c", "d", "e"]])
-        collect_estimates(reports, mech, names) | WriteEstimates(path)
+        collect_graph(reports, mech, 0, None, names)["records"] | WriteEstimates(path)
     records = read_estimates(path)
     assert sorted(r["key"] for r in records) == ["a", "b", "c", "d", "e"]
     local = run_local(mech, data, 3, 1_000).estimates

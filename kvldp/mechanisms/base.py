@@ -1,13 +1,9 @@
-"""The Mechanism interface and the batch types every mechanism speaks.
+"""The data types every mechanism speaks: user batches, report batches, estimates.
 
-A mechanism is three pure functions over NumPy arrays (DESIGN.md):
-
-* ``perturb(users, rng) -> ReportBatch`` -- the client step, vectorised over a
-  batch of users;
-* ``accumulate(counts, reports)`` / ``merge(counts...)`` -- the collector's
-  sufficient statistics, one flat ``int64`` array whose element 0 is the
-  number of reports, so any runner may add them up in any order;
-* ``estimate(counts) -> Estimates`` -- calibration.
+The interface that produces and consumes them is ``protocol.Protocol``
+(``protocol.Mechanism`` for one round). Every report batch type derives from
+``Reports`` and says itself which Avro schema it is written with and how it
+becomes records and back, so no other module dispatches on report types.
 
 This module never imports Beam: a device-side or server-side client can use
 the mechanisms without it.
@@ -16,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, ClassVar, Iterable, Mapping, Sequence
+from typing import ClassVar, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -86,30 +82,72 @@ class UserBatch:
         )
 
 
+class Reports(abc.ABC):
+    """A batch of randomised reports, one per user, self-describing.
+
+    ``schema`` names the ``kvldp/schemas/*.avsc`` a batch is written with;
+    ``records``/``from_records`` convert to and from its records (``shape``:
+    what the records alone do not say, e.g. IOH's cell count, from
+    ``Protocol.report_shape``). ``batch_id`` is the user batch the reports
+    came from (report files are named by it)."""
+
+    schema: ClassVar[str]
+    batch_id: int
+
+    @property
+    @abc.abstractmethod
+    def n_reports(self) -> int:
+        """Number of reports (users) in the batch."""
+
+    @abc.abstractmethod
+    def records(self) -> Iterator[dict]:
+        """One record per report, in the schema ``schema``."""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_records(cls, records: Sequence[dict], batch_id: int = 0, **shape) -> "Reports":
+        """Inverse of :meth:`records`."""
+
+    @classmethod
+    @abc.abstractmethod
+    def empty(cls, batch_id: int = 0, **shape) -> "Reports":
+        """A batch of no reports."""
+
+    def equals(self, other: "Reports") -> bool:
+        """Same type and the same arrays, bit for bit."""
+        if type(self) is not type(other):
+            return False
+        mine, theirs = dataclasses.asdict(self), dataclasses.asdict(other)
+        return all(np.array_equal(v, theirs[k]) if isinstance(v, np.ndarray) else v == theirs[k]
+                   for k, v in mine.items() if k != "batch_id")
+
+
 @dataclasses.dataclass(frozen=True)
-class ReportBatch:
-    """A batch of randomised reports.
+class ReportBatch(Reports):
+    """A batch of sparse reports (``report.avsc``).
 
     Each report is a list of ``(position, symbol)`` entries:
     ``positions[offsets[i]:offsets[i+1]]`` with a small ``int8`` symbol per
-    entry in ``signs`` whose meaning is the mechanism's (PCKV: the value's
+    entry in ``symbols`` whose meaning is the mechanism's (PCKV: the value's
     sign; PrivKV/KVUE: state - 1; F2M: ±(1 + key bit); KVOH: a 3-bit mask). PCKV-UE
     sends the non-zero entries of its ternary vector (positions sorted, so
     the list order says nothing about which key was sampled); PCKV-GRR sends
     exactly one entry.
     """
 
+    schema: ClassVar[str] = "report"
+
     offsets: np.ndarray
     positions: np.ndarray
-    signs: np.ndarray
+    symbols: np.ndarray
     batch_id: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "offsets", np.asarray(self.offsets, dtype=np.int64))
         object.__setattr__(self, "positions", np.asarray(self.positions, dtype=np.int32))
-        object.__setattr__(self, "signs", np.asarray(self.signs, dtype=np.int8))
-        if self.offsets[-1] != len(self.positions) or len(self.positions) != len(self.signs):
-            raise ValueError("offsets[-1], len(positions) and len(signs) must agree")
+        object.__setattr__(self, "symbols", np.asarray(self.symbols, dtype=np.int8))
+        if self.offsets[-1] != len(self.positions) or len(self.positions) != len(self.symbols):
+            raise ValueError("offsets[-1], len(positions) and len(symbols) must agree")
 
     @property
     def n_reports(self) -> int:
@@ -121,16 +159,36 @@ class ReportBatch:
         return cls(
             np.concatenate([[0], np.cumsum(sizes)]),
             np.concatenate([b.positions for b in batches]),
-            np.concatenate([b.signs for b in batches]),
+            np.concatenate([b.symbols for b in batches]),
             batch_id,
         )
 
-    def equals(self, other: "ReportBatch") -> bool:
-        return (
-            np.array_equal(self.offsets, other.offsets)
-            and np.array_equal(self.positions, other.positions)
-            and np.array_equal(self.signs, other.signs)
-        )
+    @classmethod
+    def empty(cls, batch_id: int = 0, **shape) -> "ReportBatch":
+        return cls(np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int8), batch_id)
+
+    def records(self) -> Iterator[dict]:
+        offsets = self.offsets.tolist()
+        positions = self.positions.tolist()
+        symbols = self.symbols.tobytes()
+        for i in range(self.n_reports):
+            lo, hi = offsets[i], offsets[i + 1]
+            yield {"positions": positions[lo:hi], "symbols": symbols[lo:hi]}
+
+    @classmethod
+    def from_records(cls, records: Iterable[dict], batch_id: int = 0, **shape) -> "ReportBatch":
+        """Validates entry counts; symbols are checked by the mechanism's
+        ``accumulate`` (their meaning is its own)."""
+        sizes, positions, symbols = [], [], []
+        for r in records:
+            pos, sym = r["positions"], r["symbols"]
+            if len(pos) != len(sym):
+                raise ValueError("report with different numbers of positions and symbols")
+            sizes.append(len(pos))
+            positions.extend(pos)
+            symbols.append(sym)
+        return cls(np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]), np.asarray(positions, dtype=np.int32),
+                   np.frombuffer(b"".join(symbols), dtype=np.int8), batch_id)
 
 
 # Why a key's estimate or standard error is null (``Estimates.*_status``).
@@ -246,69 +304,3 @@ def validated_domain(d: int, epsilon: float) -> tuple[int, float]:
         # perturbation probability rounds to 0 or 1 (no privacy at all).
         raise ValueError(f"epsilon {epsilon} is beyond {MAX_EPSILON}: the perturbation would be deterministic")
     return int(d), float(epsilon)
-
-
-class Mechanism(abc.ABC):
-    """A key-value LDP mechanism: perturb, accumulate/merge, estimate."""
-
-    name: ClassVar[str]
-
-    def __init__(self, d: int, epsilon: float):
-        self.d, self.epsilon = validated_domain(d, epsilon)
-
-    # -- client ---------------------------------------------------------
-    @abc.abstractmethod
-    def perturb(self, users: UserBatch, rng: np.random.Generator) -> ReportBatch:
-        """Randomise each user of the batch into one report."""
-
-    # -- collector ------------------------------------------------------
-    @property
-    @abc.abstractmethod
-    def counts_size(self) -> int:
-        """Length of the flat count array (element 0 counts reports)."""
-
-    def new_counts(self) -> np.ndarray:
-        return np.zeros(self.counts_size, dtype=np.int64)
-
-    @abc.abstractmethod
-    def accumulate(self, counts: np.ndarray, reports: ReportBatch) -> np.ndarray:
-        """Add a batch of reports into ``counts`` (in place) and return it."""
-
-    def merge(self, counts: Iterable[np.ndarray]) -> np.ndarray:
-        out = self.new_counts()
-        for c in counts:
-            out += c
-        return out
-
-    @abc.abstractmethod
-    def estimate(self, counts: np.ndarray) -> Estimates:
-        """Calibrate the counts into per-key estimates."""
-
-    def theoretical_variance(self, n: int, f, m):
-        """``(Var f_hat, Var m_hat)`` per key from the paper's closed forms at
-        the true ``(f, m)``, or ``None`` where the mechanism has none."""
-        return None
-
-    # -- description ----------------------------------------------------
-    def config(self) -> Mapping[str, Any]:
-        """The public parameters that pin the report distribution.
-
-        The collector checks reports against these (a mismatch would make
-        every estimate wrong).
-        """
-        return {"mechanism": self.name, "d": self.d, "epsilon": self.epsilon}
-
-    @property
-    def report_domain(self) -> int:
-        """Number of distinct positions a report may carry."""
-        return self.d
-
-    @property
-    def estimate_keys(self) -> list[int]:
-        """Dictionary indices of the keys ``estimate`` reports on (all of them,
-        unless the mechanism works on a chosen subset, as IOH)."""
-        return list(range(self.d))
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.config().items() if k != "mechanism")
-        return f"{type(self).__name__}({args})"

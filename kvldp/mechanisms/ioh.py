@@ -20,12 +20,15 @@ unbiased for the number of users in cell ``i``, with exact variance
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from typing import ClassVar, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .base import Estimates, Mechanism, ReportBatch, UserBatch, with_statuses
+from .base import Estimates, ReportBatch, Reports, UserBatch, with_statuses
+from .cells import index_states, state_index
+from .protocol import Mechanism
 from .oracles import OUE, SUE
+from .query import CellTable
 from .sampling import discretise
 
 VARIANTS = ("oue", "sue")
@@ -33,9 +36,11 @@ MAX_IOH_KEYS = 10
 
 
 @dataclasses.dataclass(frozen=True)
-class PackedReportBatch:
-    """Bit-packed unary-encoding reports: row ``i`` holds user ``i``'s vector
-    of ``n_cells`` bits (``np.packbits`` order)."""
+class PackedReportBatch(Reports):
+    """Bit-packed unary-encoding reports (``ioh_report.avsc``): row ``i``
+    holds user ``i``'s vector of ``n_cells`` bits (``np.packbits`` order)."""
+
+    schema: ClassVar[str] = "ioh_report"
 
     bits: np.ndarray
     n_cells: int
@@ -50,25 +55,26 @@ class PackedReportBatch:
     def n_reports(self) -> int:
         return self.bits.shape[0]
 
-    def equals(self, other) -> bool:
-        return self.n_cells == other.n_cells and np.array_equal(self.bits, other.bits)
+    def records(self) -> Iterator[dict]:
+        for row in self.bits:
+            yield {"bits": row.tobytes()}
+
+    @classmethod
+    def from_records(cls, records: Sequence[dict], batch_id: int = 0, *, n_cells: int) -> "PackedReportBatch":
+        """Rows of equal width: ``ceil(n_cells / 8)`` bytes each."""
+        width = packed_width(n_cells)
+        raw = b"".join(r["bits"] for r in records)
+        if len(raw) != width * len(records):
+            raise ValueError(f"IOH reports must be {width} bytes each ({n_cells} cells)")
+        return cls(np.frombuffer(raw, dtype=np.uint8).reshape(len(records), width), n_cells, batch_id)
+
+    @classmethod
+    def empty(cls, batch_id: int = 0, *, n_cells: int) -> "PackedReportBatch":
+        return cls(np.zeros((0, packed_width(n_cells)), np.uint8), n_cells, batch_id)
 
 
 def packed_width(n_cells: int) -> int:
     return (n_cells + 7) // 8
-
-
-def state_index(states: np.ndarray) -> np.ndarray:
-    """``I = sum_j 3^(k-1-j) s_j`` for rows of states ``(n, k)``."""
-    states = np.asarray(states, dtype=np.int64)
-    k = states.shape[1]
-    return states @ (3 ** np.arange(k - 1, -1, -1, dtype=np.int64))
-
-
-def index_states(index, k: int) -> np.ndarray:
-    """Inverse of :func:`state_index`: base-3 digits, shape ``(…, k)``."""
-    index = np.asarray(index, dtype=np.int64)
-    return (index[..., None] // 3 ** np.arange(k - 1, -1, -1)) % 3
 
 
 def pack_positions(offsets: np.ndarray, positions: np.ndarray, n_cells: int, chunk_rows: int = 4096) -> np.ndarray:
@@ -110,6 +116,7 @@ class IOH(Mechanism):
     """IOH over ``k = len(keys)`` chosen keys of a ``d``-key dictionary."""
 
     name = "ioh"
+    report_type = PackedReportBatch
 
     def __init__(self, d: int, epsilon: float, variant: str = "oue", ioh_keys: Sequence[int] | None = None):
         super().__init__(d, epsilon)
@@ -128,7 +135,10 @@ class IOH(Mechanism):
         self.p, self.q = self.oracle.p, self.oracle.q
         self.name = f"ioh-{variant}"
 
-    def config(self) -> Mapping:
+    def report_shape(self, round_index: int = 0) -> dict:
+        return {"n_cells": self.n_cells}
+
+    def config(self, round_index: int | None = None) -> Mapping:
         return {**super().config(), "ioh_keys": list(self.ioh_keys)}
 
     @property
@@ -186,7 +196,6 @@ class IOH(Mechanism):
     def estimate(self, counts: np.ndarray) -> Estimates:
         """Marginal frequency and mean of each chosen key (the unconditional
         query); conditional ones come from :mod:`mechanisms.query`."""
-        from .query import CellTable      # query builds on this module: import here, not at the top
 
         table = CellTable.from_counts(self, counts)
         rows = [table.marginal(j) for j in range(self.k)]

@@ -41,7 +41,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .base import (STATUS_LATER_ROUND, STATUS_NOT_CANDIDATE, STATUS_OK, Estimates, ReportBatch, UserBatch,
+from .base import (STATUS_LATER_ROUND, STATUS_NOT_CANDIDATE, STATUS_OK, Estimates, ReportBatch, Reports, UserBatch,
                    status_array, validated_domain, with_statuses)
 from .budget import BudgetLedger, Share
 from .oracles import OLH, OLHReportBatch
@@ -69,7 +69,7 @@ class KSUE(PCKVUE):
         p, a = (e + 1) / (2 * (e + 2)), 2 / (e + 2)
         return PCKVParams(a=1 - p, b=a, p=p / (1 - p), d=d, l=l)
 
-    def config(self) -> Mapping:
+    def config(self, round_index: int | None = None) -> Mapping:
         return {"mechanism": self.name, "d": self.d, "epsilon": self.epsilon, "padding": self.l}
 
     def _m(self, stack: np.ndarray) -> np.ndarray:
@@ -182,8 +182,14 @@ class _KeyStrategyProtocol(Protocol):
                                                      for r in range(self.max_rounds)])
         self.olh = OLH(self.d + 1, self.epsilon)       # item d: a user without pairs
 
+    broadcast_kind = "candidate_rank"
+
     def config(self, round_index=None) -> Mapping:
         return {**super().config(round_index), "top": self.t, "group_shares": list(self.group_shares)}
+
+    # rounds before the last report by OLH (keys; KS-Adap's sizes), the last by GRR
+    def round_report_type(self, round_index: int) -> type[Reports]:
+        return OLHReportBatch if round_index < self.max_rounds - 1 else ReportBatch
 
     # round 1: one key by OLH
     def perturb_keys(self, users: UserBatch, rng) -> OLHReportBatch:
@@ -279,10 +285,10 @@ class KSGRR(_KeyStrategyProtocol):
     def __init__(self, d: int, epsilon: float, top: int = 20, group_split: float = 0.5):
         super().__init__(d, epsilon, top, (group_split, 1.0 - group_split))
 
-    def counts_size(self, round_index: int) -> int:
+    def round_counts_size(self, round_index: int) -> int:
         return 1 + (self.d + 1 if round_index == 0 else 2 * (self.n_candidates + 1))
 
-    def perturb(self, round_index, users, rng, state):
+    def perturb_round(self, round_index, users, rng, state):
         if round_index == 0:
             return self.perturb_keys(users, rng)
         key, value, has = sample_one_pair(users, rng)
@@ -291,9 +297,9 @@ class KSGRR(_KeyStrategyProtocol):
         x = np.where(inside, discretise(value, rng), np.where(rng.random(len(rank)) < 0.5, 1, -1))
         index = np.where(inside, rank, self.n_candidates)          # ⊥ is the last key of K'
         reports = grr_pairs(index, x, self.n_candidates + 1, self.epsilon, rng)
-        return ReportBatch(reports.offsets, reports.positions, reports.signs, users.batch_id)
+        return ReportBatch(reports.offsets, reports.positions, reports.symbols, users.batch_id)
 
-    def accumulate(self, round_index, counts, reports):
+    def accumulate_round(self, round_index, counts, reports):
         if round_index == 0:
             counts[0] += reports.n_reports
             counts[1:] += self.olh.support(reports.a, reports.b, reports.values)
@@ -325,14 +331,14 @@ class KSAdap(_KeyStrategyProtocol):
         self.max_size = min(self.n_candidates, MAX_ADAPTIVE_PADDING)
         self.sizes_olh = OLH(self.max_size + 1, self.epsilon)
 
-    def counts_size(self, round_index: int) -> int:
+    def round_counts_size(self, round_index: int) -> int:
         if round_index == 0:
             return 1 + self.d + 1
         if round_index == 1:
             return 1 + self.max_size + 1
         return 1 + 2 * (self.n_candidates + self.max_size)
 
-    def perturb(self, round_index, users, rng, state):
+    def perturb_round(self, round_index, users, rng, state):
         if round_index == 0:
             return self.perturb_keys(users, rng)
         inside = self.candidate_index(users, state) >= 0
@@ -346,9 +352,9 @@ class KSAdap(_KeyStrategyProtocol):
                          self.candidate_index(users, state)[inside], users.values[inside], users.batch_id)
         key, x = padding_and_sampling(mine, self.n_candidates, l, rng)
         reports = grr_pairs(key, x, self.n_candidates + l, self.epsilon, rng)
-        return ReportBatch(reports.offsets, reports.positions, reports.signs, users.batch_id)
+        return ReportBatch(reports.offsets, reports.positions, reports.symbols, users.batch_id)
 
-    def accumulate(self, round_index, counts, reports):
+    def accumulate_round(self, round_index, counts, reports):
         if round_index in (0, 1):
             oracle = self.olh if round_index == 0 else self.sizes_olh
             counts[0] += reports.n_reports

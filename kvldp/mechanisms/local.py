@@ -1,48 +1,65 @@
-"""The pure local runner: any registered mechanism over in-memory batches.
+"""The pure local runner: any registered mechanism or protocol over in-memory batches.
 
-The same per-batch steps the Beam pipeline runs (generate -> perturb with the
-batch's generator -> accumulate), in a plain loop. Counts are integers added
-in any order, so for the same seed its estimates equal the pipeline's
-exactly; it is also the NumPy baseline of ``kvldp bench``.
+The same per-batch steps the Beam pipeline runs (generate -> pick the
+round's participants -> perturb with the batch's generator -> accumulate ->
+advance), in a plain loop. Counts are integers added in any order, so for the
+same seed its estimates equal the pipeline's exactly; it is also the NumPy
+baseline of ``kvldp bench``.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
 
 import numpy as np
 
-from .base import Estimates, Mechanism, UserBatch
-from .base import DEFAULT_BATCH_SIZE
-from .truth import truth_counts, truth_from_counts
+from .base import DEFAULT_BATCH_SIZE, Estimates
+from .protocol import Collection, Protocol, ProtocolState
 from .randomness import batch_rng
+from .truth import truth_counts, truth_from_counts
 
 
 @dataclasses.dataclass
 class LocalResult:
-    counts: np.ndarray
+    state: ProtocolState          # after the last round
     estimates: Estimates
-    truth: np.ndarray
+    truth: np.ndarray             # truth_counts summed over every batch
+    round_counts: list            # the counts of each round (zeros for rounds after a stop)
+    states: list                  # the state after each round (index r = after round r+1)
+
+    @property
+    def counts(self) -> np.ndarray:
+        """The counts of a single-round mechanism."""
+        if len(self.round_counts) != 1:
+            raise ValueError(f"{len(self.round_counts)} rounds ran: use round_counts")
+        return self.round_counts[0]
 
     def true_values(self, d: int):
         return truth_from_counts(self.truth, d)
 
 
-def perturb_and_count(mechanism: Mechanism, batches: Iterable[UserBatch], seed: int):
-    """Counts of the mechanism's reports and truth counts over ``batches``."""
-    counts = mechanism.new_counts()
-    truth = np.zeros(1 + 2 * mechanism.d)
-    for users in batches:
-        reports = mechanism.perturb(users, batch_rng(seed, users.batch_id))
-        mechanism.accumulate(counts, reports)
-        truth += truth_counts(users, mechanism.d)
-    return counts, truth
-
-
-def run_local(mechanism: Mechanism, dataset, seed: int,
-              batch_size: int = DEFAULT_BATCH_SIZE) -> LocalResult:
-    """Run ``mechanism`` end to end over ``dataset`` in this process."""
-    if dataset.d != mechanism.d:
-        raise ValueError(f"dataset has d={dataset.d} keys but the mechanism expects d={mechanism.d}")
-    counts, truth = perturb_and_count(mechanism, dataset.batches(batch_size), seed)
-    return LocalResult(counts, mechanism.estimate(counts), truth)
+def run_local(protocol: Protocol, dataset, seed: int, batch_size: int = DEFAULT_BATCH_SIZE) -> LocalResult:
+    """Run every round of ``protocol`` over ``dataset`` (anything with ``d``
+    and ``batches(batch_size)``) in this process: the same users each round;
+    batch ``b`` of round ``r`` uses ``batch_rng(seed, b, round=r)``; groups
+    come from ``Collection.from_seed(seed)``."""
+    if dataset.d != protocol.d:
+        raise ValueError(f"dataset has d={dataset.d} keys but the mechanism expects d={protocol.d}")
+    state = protocol.initial_state(Collection.from_seed(seed))
+    truth = np.zeros(1 + 2 * protocol.d)
+    all_counts, states = [], []
+    for r in range(protocol.max_rounds):
+        counts = protocol.new_round_counts(r)
+        if state.stopped:      # no user reports after the stop: skip the work
+            all_counts.append(counts)
+            states.append(state)
+            continue
+        for users in dataset.batches(batch_size):
+            if r == 0:
+                truth += truth_counts(users, protocol.d)
+            rng = batch_rng(seed, users.batch_id, round_index=r)
+            mine = protocol.participants(r, users, state)
+            protocol.accumulate_round(r, counts, protocol.perturb_round(r, mine, rng, state))
+        state = protocol.next_state(r, state, counts)
+        all_counts.append(counts)
+        states.append(state)
+    return LocalResult(state, protocol.estimates(state), truth, all_counts, states)

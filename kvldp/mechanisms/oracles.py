@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar, Iterator, Sequence
 
 import numpy as np
 
+from .base import Reports
 from .randomness import bernoulli_positions
 
 # OLH universal hashing ((a x + b) mod P) mod g with the Mersenne prime 2^31-1:
@@ -189,9 +191,11 @@ class OLH(_Oracle):
 
 
 @dataclasses.dataclass(frozen=True)
-class OLHReportBatch:
-    """OLH reports of a batch: user ``i`` sent its hash ``(a[i], b[i])`` and
-    the perturbed hashed value ``values[i]``."""
+class OLHReportBatch(Reports):
+    """OLH reports of a batch (``olh_report.avsc``): user ``i`` sent its hash
+    ``(a[i], b[i])`` and the perturbed hashed value ``values[i]``."""
+
+    schema: ClassVar[str] = "olh_report"
 
     a: np.ndarray
     b: np.ndarray
@@ -208,5 +212,14 @@ class OLHReportBatch:
     def n_reports(self) -> int:
         return len(self.values)
 
-    def equals(self, other) -> bool:
-        return all(np.array_equal(getattr(self, f), getattr(other, f)) for f in ("a", "b", "values"))
+    def records(self) -> Iterator[dict]:
+        for a, b, y in zip(self.a.tolist(), self.b.tolist(), self.values.tolist()):
+            yield {"a": a, "b": b, "y": y}
+
+    @classmethod
+    def from_records(cls, records: Sequence[dict], batch_id: int = 0, **shape) -> "OLHReportBatch":
+        return cls([r["a"] for r in records], [r["b"] for r in records], [r["y"] for r in records], batch_id)
+
+    @classmethod
+    def empty(cls, batch_id: int = 0, **shape) -> "OLHReportBatch":
+        return cls([], [], [], batch_id)

@@ -40,7 +40,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .base import Estimates, Mechanism, ReportBatch, UserBatch, with_statuses
+from .base import Estimates, ReportBatch, UserBatch, with_statuses
+from .protocol import Mechanism
 from .randomness import bernoulli_positions
 from .sampling import padding_and_sampling
 
@@ -105,7 +106,7 @@ class _PCKV(Mechanism):
     def optimal_params(d: int, epsilon: float, l: int) -> PCKVParams:
         raise NotImplementedError
 
-    def config(self) -> Mapping:
+    def config(self, round_index: int | None = None) -> Mapping:
         # clip is the collector's choice, not a property of the reports.
         return {**super().config(), "padding": self.l}
 
@@ -124,9 +125,9 @@ class _PCKV(Mechanism):
         pos = reports.positions
         if len(pos) and (pos.min() < 0 or pos.max() >= dp):
             raise ValueError(f"report position outside [0, {dp}): reports do not match {self!r}")
-        if len(reports.signs) and not np.all(np.abs(reports.signs) == 1):
+        if len(reports.symbols) and not np.all(np.abs(reports.symbols) == 1):
             raise ValueError(f"PCKV report signs must be +1 or -1: reports do not match {self!r}")
-        plus = reports.signs > 0
+        plus = reports.symbols > 0
         counts[0] += reports.n_reports
         counts[1:1 + dp] += np.bincount(pos[plus], minlength=dp)
         counts[1 + dp:] += np.bincount(pos[~plus], minlength=dp)

@@ -39,7 +39,8 @@ from typing import Mapping
 
 import numpy as np
 
-from .base import Estimates, Mechanism, ReportBatch, UserBatch, with_statuses
+from .base import Estimates, ReportBatch, UserBatch, with_statuses
+from .protocol import Mechanism
 from .sampling import discretise, uniform_key_sampling
 from .symbols import accumulate_symbols, symbol_stack
 from .variance import mixture_probabilities, multinomial_delta_variance
@@ -180,7 +181,7 @@ class _LPPMechanism(Mechanism):
         self.eps2 = self.epsilon - self.eps1
         self.p1, self.p2 = rr_keep(self.eps1), rr_keep(self.eps2)
 
-    def config(self) -> Mapping:
+    def config(self, round_index: int | None = None) -> Mapping:
         return {**super().config(), "key_share": self.key_share}
 
     def perturb(self, users: UserBatch, rng: np.random.Generator) -> ReportBatch:
@@ -289,7 +290,7 @@ class PrivKVMVirtual(_LPPMechanism):
         self.rounds = int(rounds)
         self.fake = np.ones(self.d)
 
-    def config(self) -> Mapping:
+    def config(self, round_index: int | None = None) -> Mapping:
         return {**super().config(), "rounds": self.rounds}
 
     def _m(self, stack, clip=False):

@@ -35,7 +35,7 @@ from .base import STATUS_NO_REPORTS, STATUS_OK, Estimates, ReportBatch, UserBatc
 from .budget import BudgetLedger, Share
 from .privkv import (FAKE_UNIFORM, lpp_accumulate, lpp_frequency, lpp_frequency_variance, lpp_perturb, lpp_split,
                      privkv_mean, rr_keep)
-from .protocol import Protocol, ProtocolState, empty_reports
+from .protocol import Protocol, ProtocolState
 
 
 def expected_mean_recursion(m: np.ndarray, f: np.ndarray, key_p: list[float], m_tilde0) -> np.ndarray:
@@ -50,6 +50,8 @@ def expected_mean_recursion(m: np.ndarray, f: np.ndarray, key_p: list[float], m_
 
 class _LPPRounds(Protocol):
     """Shared round mechanics: per-round (p1, p2), LPP reports, Alg. 4 means."""
+
+    broadcast_kind = "fake_value"
 
     def __init__(self, d: int, epsilon: float, max_rounds: int):
         self.d, self.epsilon = validated_domain(d, epsilon)
@@ -75,16 +77,16 @@ class _LPPRounds(Protocol):
     def fake(self, r: int, state: ProtocolState):
         return self.initial_fake() if r == 0 else state.broadcast
 
-    def perturb(self, round_index, users: UserBatch, rng, state: ProtocolState) -> ReportBatch:
+    def perturb_round(self, round_index, users: UserBatch, rng, state: ProtocolState) -> ReportBatch:
         if state.stopped:
-            return empty_reports(users.batch_id)
+            return self.empty_reports(round_index, users.batch_id)
         return lpp_perturb(users, self.d, self.p1(round_index), self.p2(round_index),
                            self.fake(round_index, state), rng)
 
-    def counts_size(self, round_index: int) -> int:
+    def round_counts_size(self, round_index: int) -> int:
         return 1 + 3 * self.d
 
-    def accumulate(self, round_index, counts, reports) -> np.ndarray:
+    def accumulate_round(self, round_index, counts, reports) -> np.ndarray:
         return lpp_accumulate(counts, reports, self.d)
 
     def round_estimates(self, r: int, state: ProtocolState, counts: np.ndarray):

@@ -1,4 +1,19 @@
-"""Multi-round protocols: an ordered list of rounds linked by a broadcast.
+"""The one mechanism interface: a protocol of rounds linked by a broadcast.
+
+Every mechanism is a ``Protocol``; a single-round one (PCKV, PrivKV, …) is a
+``Mechanism``, i.e. a one-round protocol that implements the round steps
+with its ``perturb``/``accumulate``/``estimate``. So one perturb DoFn, one
+CombineFn, one round transform and one local runner serve them all, and
+each is written once against the round steps:
+
+* ``perturb_round(r, users, rng, state) -> Reports`` -- the client step,
+  vectorised over a batch of users (``participants`` picks who reports);
+* ``accumulate_round(r, counts, reports)`` / ``merge_round`` -- the
+  collector's sufficient statistics, one flat ``int64`` array whose element
+  0 is the number of reports, so any runner may add them up in any order;
+* ``advance(r, state, counts) -> ProtocolState`` -- calibration into the
+  state the next round (or the final estimates) starts from;
+* ``output_probabilities`` -- the exact report distribution, for the audit.
 
 A protocol's round ``r`` perturbs every user with what the collector
 broadcast after round ``r-1`` (``ProtocolState.broadcast``, e.g. per-key
@@ -22,14 +37,12 @@ import dataclasses
 import hashlib
 import json
 import secrets
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from .base import Estimates, ReportBatch, UserBatch
-from .budget import BudgetLedger
-from .base import DEFAULT_BATCH_SIZE
-from .truth import truth_counts
+from .base import Estimates, ReportBatch, Reports, UserBatch, validated_domain
+from .budget import BudgetLedger, Share
 from .randomness import STREAM_GROUP, batch_rng
 
 
@@ -114,9 +127,11 @@ def _eq(a, b) -> bool:
 
 
 class Protocol(abc.ABC):
-    """A multi-round key-value protocol over ``max_rounds`` potential rounds."""
+    """A key-value LDP protocol over ``max_rounds`` potential rounds."""
 
     name: ClassVar[str]
+    report_type: ClassVar[type[Reports]] = ReportBatch
+    broadcast_kind: ClassVar[str] = ""    # what ``ProtocolState.broadcast`` holds (broadcast.avsc)
     d: int
     epsilon: float
     max_rounds: int
@@ -145,24 +160,41 @@ class Protocol(abc.ABC):
         """``advance``, keeping the collection: what every runner calls."""
         return dataclasses.replace(self.advance(round_index, state, counts), collection=state.collection)
 
+    # -- client ---------------------------------------------------------
     @abc.abstractmethod
-    def perturb(self, round_index: int, users: UserBatch, rng: np.random.Generator,
-                state: ProtocolState) -> ReportBatch:
+    def perturb_round(self, round_index: int, users: UserBatch, rng: np.random.Generator,
+                      state: ProtocolState) -> Reports:
         """Round ``round_index``'s client step given the collector's state."""
 
+    def round_report_type(self, round_index: int) -> type[Reports]:
+        """The report type of round ``round_index`` (``report_type`` unless
+        rounds differ)."""
+        return self.report_type
+
+    def report_shape(self, round_index: int = 0) -> dict:
+        """What the report type's ``from_records`` needs besides the records."""
+        return {}
+
+    def reports_from_records(self, round_index: int, records: Sequence[dict], batch_id: int = 0) -> Reports:
+        return self.round_report_type(round_index).from_records(records, batch_id, **self.report_shape(round_index))
+
+    def empty_reports(self, round_index: int, batch_id: int = 0) -> Reports:
+        return self.round_report_type(round_index).empty(batch_id, **self.report_shape(round_index))
+
+    # -- collector ------------------------------------------------------
     @abc.abstractmethod
-    def counts_size(self, round_index: int) -> int:
+    def round_counts_size(self, round_index: int) -> int:
         """Length of round ``round_index``'s count array."""
 
-    def new_counts(self, round_index: int) -> np.ndarray:
-        return np.zeros(self.counts_size(round_index), dtype=np.int64)
+    def new_round_counts(self, round_index: int) -> np.ndarray:
+        return np.zeros(self.round_counts_size(round_index), dtype=np.int64)
 
     @abc.abstractmethod
-    def accumulate(self, round_index: int, counts: np.ndarray, reports: ReportBatch) -> np.ndarray:
-        """Add reports of round ``round_index`` into ``counts``."""
+    def accumulate_round(self, round_index: int, counts: np.ndarray, reports: Reports) -> np.ndarray:
+        """Add reports of round ``round_index`` into ``counts`` (in place)."""
 
-    def merge(self, round_index: int, counts) -> np.ndarray:
-        out = self.new_counts(round_index)
+    def merge_round(self, round_index: int, counts) -> np.ndarray:
+        out = self.new_round_counts(round_index)
         for c in counts:
             out += c
         return out
@@ -172,17 +204,26 @@ class Protocol(abc.ABC):
         """Calibrate round ``round_index``'s counts into the next state
         (returns ``state`` unchanged once the protocol has stopped)."""
 
-    def theoretical_variance(self, n: int, f, m):
-        """No protocol here has a closed-form variance of its final estimates."""
-        return None
-
     def estimates(self, state: ProtocolState) -> Estimates:
         if state.estimates is None:
             raise ValueError("the protocol has not completed a round")
         return state.estimates
 
+    def theoretical_variance(self, n: int, f, m):
+        """``(Var f_hat, Var m_hat)`` per key from the paper's closed forms at
+        the true ``(f, m)``, or ``None`` where there are none."""
+        return None
+
+    # -- description ----------------------------------------------------
+    @property
+    def estimate_keys(self) -> list[int]:
+        """Dictionary indices of the keys the estimates are about (all of
+        them, unless the mechanism works on a chosen subset, as IOH)."""
+        return list(range(self.d))
+
     def config(self, round_index: int | None = None) -> Mapping[str, Any]:
-        """Public parameters that pin a round's report distribution."""
+        """Public parameters that pin a round's report distribution (the
+        collector checks reports against them)."""
         out = {"mechanism": self.name, "d": self.d, "epsilon": self.epsilon, "max_rounds": self.max_rounds}
         if round_index is not None:
             out["round"] = round_index + 1
@@ -193,50 +234,75 @@ class Protocol(abc.ABC):
         return f"{type(self).__name__}({args})"
 
 
+class Mechanism(Protocol):
+    """A single-round protocol: ``perturb``, ``accumulate``/``merge``, ``estimate``.
+
+    Its one round perturbs every user, and ``advance`` calibrates the counts
+    into a final, stopped state that spent the whole budget."""
+
+    max_rounds: ClassVar[int] = 1
+
+    def __init__(self, d: int, epsilon: float):
+        self.d, self.epsilon = validated_domain(d, epsilon)
+
+    @property
+    def ledger(self) -> BudgetLedger:
+        """The whole budget on the one report (mechanisms that split it
+        override this with their split)."""
+        return BudgetLedger.of(self.epsilon, [Share(0, "pair", self.epsilon)])
+
+    # -- client ---------------------------------------------------------
+    @abc.abstractmethod
+    def perturb(self, users: UserBatch, rng: np.random.Generator) -> Reports:
+        """Randomise each user of the batch into one report."""
+
+    def perturb_round(self, round_index, users, rng, state=None) -> Reports:
+        return self.perturb(users, rng)
+
+    # -- collector ------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def counts_size(self) -> int:
+        """Length of the flat count array (element 0 counts reports)."""
+
+    def round_counts_size(self, round_index: int = 0) -> int:
+        return self.counts_size
+
+    def new_counts(self) -> np.ndarray:
+        return self.new_round_counts(0)
+
+    @abc.abstractmethod
+    def accumulate(self, counts: np.ndarray, reports: Reports) -> np.ndarray:
+        """Add a batch of reports into ``counts`` (in place) and return it."""
+
+    def accumulate_round(self, round_index, counts, reports) -> np.ndarray:
+        return self.accumulate(counts, reports)
+
+    def merge(self, counts) -> np.ndarray:
+        return self.merge_round(0, counts)
+
+    @abc.abstractmethod
+    def estimate(self, counts: np.ndarray) -> Estimates:
+        """Calibrate the counts into per-key estimates."""
+
+    def advance(self, round_index, state, counts) -> ProtocolState:
+        return ProtocolState(1, None, True, self.ledger.spent(), self.estimate(counts))
+
+    # -- description ----------------------------------------------------
+    def config(self, round_index: int | None = None) -> Mapping[str, Any]:
+        """The public parameters that pin the report distribution (one
+        round: the same for every ``round_index``)."""
+        return {"mechanism": self.name, "d": self.d, "epsilon": self.epsilon}
+
+    @property
+    def report_domain(self) -> int:
+        """Number of distinct positions a report may carry."""
+        return self.d
+
+
 def assign_groups(key: int, batch_id: int, n_users: int, shares) -> np.ndarray:
     """Stable group of every user of a batch: a pure function of (collection
     key, batch, position), so the groups are disjoint, cover everyone, and
     every round (and a retried bundle) sees the same assignment."""
     u = batch_rng(key, batch_id, STREAM_GROUP).random(n_users)
     return np.searchsorted(np.cumsum(shares)[:-1], u, side="right").astype(np.int8)
-
-
-def empty_reports(batch_id: int) -> ReportBatch:
-    return ReportBatch(np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int8), batch_id)
-
-
-@dataclasses.dataclass
-class ProtocolResult:
-    state: ProtocolState
-    estimates: Estimates
-    truth: np.ndarray
-    round_counts: list
-    states: list          # the state after each round (index r = after round r+1)
-
-
-def run_protocol_local(protocol: Protocol, dataset, seed: int,
-                       batch_size: int = DEFAULT_BATCH_SIZE) -> ProtocolResult:
-    """Run every round over ``dataset`` in this process (the same users each
-    round; batch ``b`` of round ``r`` uses ``batch_rng(seed, b, round=r)``;
-    groups come from ``Collection.from_seed(seed)``)."""
-    if dataset.d != protocol.d:
-        raise ValueError(f"dataset has d={dataset.d} keys but the protocol expects d={protocol.d}")
-    state = protocol.initial_state(Collection.from_seed(seed))
-    truth = np.zeros(1 + 2 * protocol.d)
-    all_counts, states = [], []
-    for r in range(protocol.max_rounds):
-        counts = protocol.new_counts(r)
-        if state.stopped:      # no user reports after the stop: skip the work
-            all_counts.append(counts)
-            states.append(state)
-            continue
-        for users in dataset.batches(batch_size):
-            if r == 0:
-                truth += truth_counts(users, protocol.d)
-            rng = batch_rng(seed, users.batch_id, round_index=r)
-            mine = protocol.participants(r, users, state)
-            protocol.accumulate(r, counts, protocol.perturb(r, mine, rng, state))
-        state = protocol.next_state(r, state, counts)
-        all_counts.append(counts)
-        states.append(state)
-    return ProtocolResult(state, protocol.estimates(state), truth, all_counts, states)

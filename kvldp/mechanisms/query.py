@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .truth import exact_sums
-from .ioh import state_index
+from .cells import state_index
 
 HELD = (0, 2)
 NOT_HELD = (1,)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
-from .base import Mechanism
+from .protocol import Mechanism
 from .pckv import PCKVGRR, PCKVUE
 from .privkv import PrivKV, PrivKVA, PrivKVMVirtual
 from .privkvm import PrivKVM, PrivKVMPlus

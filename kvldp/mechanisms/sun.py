@@ -39,7 +39,8 @@ from typing import Mapping
 
 import numpy as np
 
-from .base import Estimates, Mechanism, ReportBatch, UserBatch, with_statuses
+from .base import Estimates, ReportBatch, UserBatch, with_statuses
+from .protocol import Mechanism
 from .privkv import rr_keep
 from .sampling import discretise, uniform_key_sampling
 from .symbols import accumulate_symbols, symbol_stack
@@ -225,7 +226,7 @@ class F2M(_StateMechanism):
         self.p1 = rr_keep(self.epsilon / 2)
         self.p2 = rr_keep(self.epsilon / 2)
 
-    def config(self) -> Mapping:
+    def config(self, round_index: int | None = None) -> Mapping:
         return {**super().config(), "default_value": self.default_value}
 
     def perturb(self, users: UserBatch, rng: np.random.Generator) -> ReportBatch:

@@ -16,7 +16,7 @@ from .base import ReportBatch
 def accumulate_symbols(counts: np.ndarray, reports: ReportBatch, d: int, symbols: Sequence[int]) -> np.ndarray:
     """Add ``reports`` into ``counts`` (in place); unknown keys or symbols are
     an error (they mean the reports come from another mechanism)."""
-    pos, s = reports.positions, reports.signs.astype(np.int64)
+    pos, s = reports.positions, reports.symbols.astype(np.int64)
     if len(pos) and (pos.min() < 0 or pos.max() >= d):
         raise ValueError(f"report key index outside [0, {d})")
     table = np.full(256, -1, dtype=np.int64)

@@ -11,10 +11,9 @@ from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
 from kvldp.mechanisms.local import run_local
 from kvldp.pipelines import common
-from kvldp.pipelines.graphs import collect_estimates
+from kvldp.pipelines.graphs import simulate_graph
 from kvldp.pipelines.report import read_estimates
 from kvldp.transforms.io import WriteEstimates
-from kvldp.transforms.perturb import Perturb
 
 
 def add_arguments(parser: argparse.ArgumentParser):
@@ -35,8 +34,8 @@ def _beam_run(args, beam_args, dataset, mechanism) -> tuple[float, np.ndarray]:
     start = time.perf_counter()
     p = common.make_pipeline(beam_args)
     source = common.user_source(p, args, dataset)
-    reports = source.users | "Perturb" >> Perturb(mechanism, args.seed)
-    collect_estimates(reports, mechanism, source.key_names) | "Write" >> WriteEstimates(out)
+    run = simulate_graph(source.users, mechanism, args.seed, source.key_names, truth=False)
+    run["records"] | "Write" >> WriteEstimates(out)
     p.run().wait_until_finish()
     seconds = time.perf_counter() - start
     return seconds, np.array([r["frequency"] for r in sorted(read_estimates(out), key=lambda r: int(r["key"]))])

@@ -30,7 +30,6 @@ from tqdm import tqdm
 
 from kvldp.mechanisms import metrics, registry
 from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.protocol import run_protocol_local
 from kvldp.pipelines import common, figures, simulate
 from kvldp.pipelines.graphs import to_records
 from kvldp.pipelines.presets import PRESETS
@@ -158,13 +157,8 @@ def run_numpy(args, beam_args) -> dict:
         raise ValueError("--engine numpy runs built-in datasets only (synthetic-*, clothing, movielens-100k)")
     ioh_keys = common.resolve_ioh_keys(args, beam_args, dataset.key_names, dataset, None)
     mechanism = common.make_mechanism(args, dataset.d, dataset, ioh_keys)
-    if registry.is_protocol(mechanism):
-        result = run_protocol_local(mechanism, dataset, seeds.perturb, args.batch_size)
-        keys = None
-    else:
-        result = run_local(mechanism, dataset, seeds.perturb, args.batch_size)
-        keys = mechanism.estimate_keys
-    records = to_records(result.estimates, dataset.key_names, result.truth, keys=keys)
+    result = run_local(mechanism, dataset, seeds.perturb, args.batch_size)
+    records = to_records(result.estimates, dataset.key_names, result.truth, keys=mechanism.estimate_keys)
     return {"mechanism": mechanism, "dataset": dataset.name, "records": records, "n_users": dataset.n_users,
             "stats": {}}
 

@@ -7,14 +7,14 @@ from typing import Sequence
 import apache_beam as beam
 from apache_beam.pvalue import AsSingleton
 
-from kvldp.mechanisms.base import Estimates, Mechanism
-from kvldp.mechanisms.truth import truth_counts, truth_from_counts
+from kvldp.mechanisms.base import Estimates
 from kvldp.mechanisms.protocol import Protocol
+from kvldp.mechanisms.truth import truth_counts, truth_from_counts
 from kvldp import schemas
 from kvldp.mechanisms.query import pattern_truth
 from kvldp.schemas.records import estimate_records, ioh_counts_record
-from kvldp.transforms.accumulate import Accumulate, ArraySumCombineFn, Calibrate
-from kvldp.transforms.rounds import RunProtocol
+from kvldp.transforms.accumulate import ArraySumCombineFn
+from kvldp.transforms.rounds import CollectRound, RunProtocol
 
 
 def to_records(est: Estimates, key_names: Sequence[str], truth=None, keys: Sequence[int] | None = None):
@@ -28,28 +28,34 @@ def to_records(est: Estimates, key_names: Sequence[str], truth=None, keys: Seque
     return estimate_records(est, names, f[keys], m[keys])
 
 
-def estimate_graph(reports, mechanism: Mechanism, key_names, users=None, fanout: int | None = None):
-    """``reports -> (estimate records, counts)``: the collector's whole graph.
-
-    ``key_names``: a PCollection holding one list of item ids. With
-    ``users`` (simulations only) the true values are attached to every record.
-    """
-    counts = reports | "Accumulate" >> Accumulate(mechanism, fanout=fanout)
-    estimates = counts | "Calibrate" >> Calibrate(mechanism)
-    truth = []
-    if users is not None:
-        truth = [AsSingleton(users
-                             | "TruthCounts" >> beam.Map(truth_counts, mechanism.d)
-                             | "SumTruth" >> beam.CombineGlobally(ArraySumCombineFn(1 + 2 * mechanism.d)))]
-    # estimates: one Estimates -> records: one dict per key
-    records = estimates | "ToRecords" >> beam.FlatMap(to_records, AsSingleton(key_names), *truth,
-                                                      keys=mechanism.estimate_keys)
-    return records, counts
+def truth_sum(users, d: int):
+    """``users -> [n, holders[d], value sums[d]]`` summed (simulations only)."""
+    return (users
+            | "TruthCounts" >> beam.Map(truth_counts, d)
+            | "SumTruth" >> beam.CombineGlobally(ArraySumCombineFn(1 + 2 * d)))
 
 
-def collect_estimates(reports, mechanism: Mechanism, key_names, fanout: int | None = None):
-    """``reports -> estimate records``."""
-    return estimate_graph(reports, mechanism, key_names, fanout=fanout)[0]
+def records_of(state, protocol: Protocol, key_names, truth=None):
+    """``state -> estimate records`` (with the true values when ``truth``, a
+    one-element PCollection of ``truth_sum``)."""
+    extra = [] if truth is None else [AsSingleton(truth)]
+    return (state
+            | "Estimates" >> beam.Map(protocol.estimates)
+            | "ToRecords" >> beam.FlatMap(to_records, AsSingleton(key_names), *extra, keys=protocol.estimate_keys))
+
+
+def simulate_graph(users, protocol: Protocol, seed: int, key_names, fanout: int | None = None, truth: bool = True):
+    """A whole protocol as one pipeline: ``users -> {"records", "state", "counts"}``
+    (every round; ``counts``: the last round's)."""
+    run = users | "Protocol" >> RunProtocol(protocol, seed, fanout)
+    records = records_of(run["state"], protocol, key_names, truth_sum(users, protocol.d) if truth else None)
+    return {"records": records, **run}
+
+
+def collect_graph(reports, protocol: Protocol, round_index: int, previous, key_names, fanout: int | None = None):
+    """The collector's graph of one round: ``reports -> {"records", "state", "counts"}``."""
+    out = reports | f"CollectRound{round_index + 1}" >> CollectRound(protocol, round_index, previous, fanout)
+    return {"records": records_of(out["state"], protocol, key_names), **out}
 
 
 def ioh_counts_file(counts, users, mechanism, key_names, path: str):
@@ -68,26 +74,8 @@ def ioh_counts_file(counts, users, mechanism, key_names, path: str):
 
 
 def protocol_summary(state, protocol) -> str:
-    """What a multi-round run did: rounds run, budget spent, the ledger."""
+    """What a run did: rounds run, budget spent, the ledger."""
     return json.dumps({"mechanism": protocol.name, "epsilon": protocol.epsilon,
                        "rounds_run": state.rounds_done, "max_rounds": protocol.max_rounds,
                        "stopped_early": bool(state.stopped and state.rounds_done < protocol.max_rounds),
                        "epsilon_spent": state.epsilon_spent, "ledger": protocol.ledger.rows()})
-
-
-def protocol_estimates(users, protocol: Protocol, seed: int, key_names, truth: bool = True):
-    """A whole multi-round protocol as one pipeline: ``users -> (records, summary)``.
-
-    The final ``ProtocolState`` becomes the estimate records (with the
-    simulated truth when ``truth``) and a one-line JSON summary.
-    """
-    state = users | "Protocol" >> RunProtocol(protocol, seed)
-    estimates = state | "FinalEstimates" >> beam.Map(protocol.estimates)
-    summary = state | "Summary" >> beam.Map(protocol_summary, protocol)
-    if not truth:
-        return estimates | "ToRecords" >> beam.FlatMap(to_records, AsSingleton(key_names)), summary
-    truth_sum = (users
-                 | "TruthCounts" >> beam.Map(truth_counts, protocol.d)
-                 | "SumTruth" >> beam.CombineGlobally(ArraySumCombineFn(1 + 2 * protocol.d)))
-    records = estimates | "ToRecords" >> beam.FlatMap(to_records, AsSingleton(key_names), AsSingleton(truth_sum))
-    return records, summary

@@ -8,15 +8,13 @@ import time
 
 import apache_beam as beam
 
-from kvldp.mechanisms.registry import is_protocol
 from kvldp.pipelines import common, report
-from kvldp.pipelines.graphs import estimate_graph, ioh_counts_file, protocol_estimates
+from kvldp.pipelines.graphs import ioh_counts_file, protocol_summary, simulate_graph
 from kvldp.pipelines.padding import resolve_padding
 from kvldp.pipelines.query import print_queries
 from kvldp.pipelines.report import read_text
 from kvldp.transforms.io import WriteEstimates
 from kvldp.transforms.ratings import write_dead_letters
-from kvldp.transforms.perturb import Perturb
 
 
 def add_arguments(parser: argparse.ArgumentParser):
@@ -50,18 +48,14 @@ def execute(args, beam_args) -> dict:
     source = common.user_source(p, args, dataset, dictionary)
     mechanism = common.make_mechanism(args, source.d, dataset, ioh_keys, padding=padding.l)
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
-    if is_protocol(mechanism):
-        # users -> state after round 1 -> … -> final state -> records (+ summary)
-        records, run_summary = protocol_estimates(source.users, mechanism, seeds.perturb, source.key_names)
-        run_summary | "WriteSummary" >> beam.io.WriteToText(summary_path, num_shards=1, shard_name_template="")
-    else:
-        # users: UserBatch -> reports -> counts -> records: one dict per key
-        reports = source.users | "Perturb" >> Perturb(mechanism, seeds.perturb)
-        records, counts = estimate_graph(reports, mechanism, source.key_names, source.users,
-                                         getattr(args, "fanout", None))
-        if ioh_keys is not None:
-            ioh_counts_file(counts, source.users, mechanism, source.key_names, counts_path)
-    records | "WriteEstimates" >> WriteEstimates(output)
+    # users -> state after round 1 -> … -> final state -> records (+ summary)
+    run = simulate_graph(source.users, mechanism, seeds.perturb, source.key_names, args.fanout)
+    if mechanism.max_rounds > 1:     # what the rounds did: rounds run, budget spent, the ledger
+        (run["state"] | "Summary" >> beam.Map(protocol_summary, mechanism)
+         | "WriteSummary" >> beam.io.WriteToText(summary_path, num_shards=1, shard_name_template=""))
+    if ioh_keys is not None:
+        ioh_counts_file(run["counts"], source.users, mechanism, source.key_names, counts_path)
+    run["records"] | "WriteEstimates" >> WriteEstimates(output)
     if source.dead_letter is not None:
         write_dead_letters(source.dead_letter, output + ".rejected.jsonl")
     start = time.perf_counter()
@@ -71,7 +65,7 @@ def execute(args, beam_args) -> dict:
     return {"mechanism": mechanism, "dataset": getattr(dataset, "name", args.dataset), "output": output,
             "seconds": time.perf_counter() - start, "stats": common.counters(result),
             "records": report.read_estimates(output), "n_users": getattr(dataset, "n_users", None),
-            "protocol": json.loads(read_text(summary_path)) if is_protocol(mechanism) else None,
+            "protocol": json.loads(read_text(summary_path)) if mechanism.max_rounds > 1 else None,
             "counts_path": counts_path if ioh_keys is not None else None, "padding": padding.summary()}
 
 
@@ -81,7 +75,7 @@ def run(args, beam_args) -> dict:
     summary = report.mse_summary(records, args.top or 50)
     print(f"{mechanism!r} on {out['dataset']}: {stats.get('users_perturbed', 0)} user reports "
           f"in {out['seconds']:.1f} s")
-    if out["protocol"]:
+    if mechanism.max_rounds > 1:
         info = out["protocol"]
         print(f"rounds run: {info['rounds_run']} of at most {info['max_rounds']}; "
               f"epsilon spent per user: {info['epsilon_spent']:.6g} of {mechanism.epsilon:g}")

@@ -16,20 +16,17 @@ import sys
 import apache_beam as beam
 import fastavro
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.pvalue import AsSingleton
 
 from kvldp import schemas
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms.protocol import Collection
-from kvldp.mechanisms.registry import is_protocol
 from kvldp.pipelines import common, report
-from kvldp.pipelines.graphs import estimate_graph, ioh_counts_file, to_records
+from kvldp.pipelines.graphs import collect_graph, ioh_counts_file
 from kvldp.pipelines.padding import padding_from_reports, resolve_padding
 from kvldp.schemas.records import broadcast_records, state_from_broadcast
 from kvldp.transforms.io import ReadReports, WriteEstimates, WriteReports, check_report_files, report_config
 from kvldp.transforms.ratings import write_dead_letters
 from kvldp.transforms.perturb import Perturb
-from kvldp.transforms.rounds import ProtocolCombineFn, ProtocolPerturbFn, advance_state
 
 
 def report_prefix(output: str) -> str:
@@ -68,7 +65,7 @@ def read_broadcast(path: str, key_names, protocol):
     """The collector's state after the previous round, checked against ``protocol``."""
     with FileSystems.open(path) as fh:
         records = list(fastavro.reader(fh))
-    state, config = state_from_broadcast(records, key_names, protocol.name, protocol.epsilon)
+    state, config = state_from_broadcast(records, key_names, protocol)
     if config != json.loads(json.dumps(dict(protocol.config()))):
         raise ValueError(f"{path} was written by {config}, not by {dict(protocol.config())}")
     if state.collection is None:
@@ -100,7 +97,12 @@ def protocol_state_for_round(protocol, round_number: int, broadcast: str | None,
 
 def round_config(protocol, round_index: int, collection: Collection) -> dict:
     """What a round's reports are pinned to: the protocol's public parameters
-    and the collection (so reports of another collection are refused)."""
+    and, for protocols of several rounds, the collection (so reports of
+    another collection are refused). A single-round mechanism's reports
+    name none: independent ingest jobs over disjoint users may feed one
+    collect."""
+    if protocol.max_rounds == 1:
+        return dict(protocol.config(round_index))
     return {**protocol.config(round_index), "collection": collection.id, "layout": collection.layout}
 
 
@@ -117,6 +119,8 @@ def perturb_state(args, protocol, seed: int, dataset, key_names):
     (``--collection-id``, else derived from the run seed); later rounds take
     the broadcast's, after checking that this invocation agrees with round 1
     on everything that decides the user groups."""
+    if protocol.max_rounds == 1 and (args.round != 1 or args.broadcast or args.collection_id):
+        raise ValueError(f"{protocol.name} has a single round: no --round/--broadcast/--collection-id")
     layout = ingest_layout(args, dataset)
     if args.round == 1:
         collection = Collection(args.collection_id, layout) if args.collection_id else \
@@ -149,22 +153,13 @@ def run_perturb(args, beam_args) -> dict:
     ioh_keys = common.resolve_ioh_keys(args, beam_args, key_names, dataset, dictionary)
     padding = resolve_padding(args, beam_args, dataset, dictionary, set_sizes)   # 'auto' -> l; warns if l truncates
     mechanism = common.make_mechanism(args, len(key_names), dataset, ioh_keys, padding=padding.l)
-    if is_protocol(mechanism):
-        r = args.round - 1
-        state = perturb_state(args, mechanism, seeds.perturb, dataset, key_names)
-        config = round_config(mechanism, r, state.collection)
-    else:
-        if args.round != 1 or args.broadcast or args.collection_id:
-            raise ValueError(f"{args.mechanism} has a single round: no --round/--broadcast/--collection-id")
-        config = mechanism.config()
+    r = args.round - 1
+    state = perturb_state(args, mechanism, seeds.perturb, dataset, key_names)
+    config = round_config(mechanism, r, state.collection)
     p = common.make_pipeline(beam_args)
     source = common.user_source(p, args, dataset, dictionary)
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
-    if is_protocol(mechanism):
-        reports = source.users | "Perturb" >> beam.ParDo(
-            ProtocolPerturbFn(mechanism, r, seeds.perturb), AsSingleton(p | "State" >> beam.Create([state])))
-    else:
-        reports = source.users | "Perturb" >> Perturb(mechanism, seeds.perturb)
+    reports = source.users | "Perturb" >> Perturb(mechanism, seeds.perturb, r, state)
     reports | "WriteReports" >> WriteReports(prefix, config)
     (source.key_names | "JoinKeys" >> beam.Map("\n".join)
      | "WriteKeys" >> beam.io.WriteToText(prefix + ".keys.txt", num_shards=1, shard_name_template=""))
@@ -176,9 +171,9 @@ def run_perturb(args, beam_args) -> dict:
     stats = common.counters(result)
     common.print_row_summary(stats)
     print(f"{stats.get('reports_written', 0)} reports of {mechanism!r}"
-          f"{f' round {args.round}' if is_protocol(mechanism) else ''} written to {prefix}-*.avro; "
+          f"{f' round {args.round}' if mechanism.max_rounds > 1 else ''} written to {prefix}-*.avro; "
           f"key dictionary {prefix}.keys.txt")
-    if is_protocol(mechanism) and args.round == 1:
+    if mechanism.group_shares is not None and args.round == 1:
         cid = state.collection.id
         print(f"collection id {cid} (later rounds read it from the broadcast; pass "
               f"--collection-id {cid} to make them refuse a broadcast that changes it)")
@@ -218,13 +213,41 @@ def check_collection(pattern: str, found: dict, expected: dict) -> None:
             "report twice; refusing")
 
 
-def run_collect(args, beam_args) -> dict:
+def collect_key_names(args) -> list[str]:
     if args.key_dictionary:
-        names = common.read_dictionary(args.key_dictionary)
-    elif args.keys:
-        names = [str(k) for k in range(args.keys)]
-    else:
-        sys.exit("collect needs --key-dictionary (from perturb) or --keys d")
+        return common.read_dictionary(args.key_dictionary)
+    if args.keys:
+        return [str(k) for k in range(args.keys)]
+    sys.exit("collect needs --key-dictionary (from perturb) or --keys d")
+
+
+def collect_start(args, protocol, names, found: dict):
+    """``(round index, the state the round starts from, the config its
+    reports must carry)``, with every report file checked against it. Round
+    1 of a multi-round protocol starts the collection its reports name."""
+    if protocol.max_rounds == 1 and (args.round != 1 or args.broadcast):
+        raise ValueError(f"{protocol.name} has a single round: no --round/--broadcast")
+    r = args.round - 1
+    starts_collection = r == 0 and protocol.max_rounds > 1
+    previous = protocol_state_for_round(protocol, args.round, args.broadcast, names,
+                                        reports_collection(args.input, found) if starts_collection else None)
+    expected = round_config(protocol, r, previous.collection)
+    if protocol.max_rounds > 1:
+        check_collection(args.input, found, expected)
+    check_report_files(args.input, expected, found)
+    return r, previous, expected
+
+
+def write_broadcast(state, protocol, names, path: str):
+    """The state after the round as ``broadcast.avsc``, for the next round."""
+    return (state
+            | "Broadcast" >> beam.FlatMap(broadcast_records, protocol, names)
+            | "WriteBroadcast" >> beam.io.WriteToAvro(path, schema=schemas.load(schemas.BROADCAST),
+                                                      num_shards=1, shard_name_template=""))
+
+
+def run_collect(args, beam_args) -> dict:
+    names = collect_key_names(args)
     found = report_config(args.input)      # every file's header, read once, before any compute
     ioh_keys = None
     if common.takes_ioh_keys(args):
@@ -232,44 +255,30 @@ def run_collect(args, beam_args) -> dict:
         ioh_keys = common.named_keys(args.ioh_keys, names) if args.ioh_keys else found.get("ioh_keys")
     # --padding auto: the l the perturbing side chose, read from the reports' config
     mechanism = common.make_mechanism(args, len(names), ioh_keys=ioh_keys, padding=padding_from_reports(args, found))
+    r, previous, expected = collect_start(args, mechanism, names, found)
     p = common.make_pipeline(beam_args)
     key_names = p | "KeyNames" >> beam.Create([names])
+    reports = p | "ReadReports" >> ReadReports(args.input, mechanism, r, expected)
+    # reports -> counts of round r -> the state after round r -> records
+    out = collect_graph(reports, mechanism, r, previous, key_names, args.fanout)
+    out["records"] | "WriteEstimates" >> WriteEstimates(args.output)
     broadcast_out, counts_out = None, None
-    if is_protocol(mechanism):
-        r = args.round - 1
-        previous = protocol_state_for_round(mechanism, args.round, args.broadcast, names,
-                                            reports_collection(args.input, found) if r == 0 else None)
-        expected = round_config(mechanism, r, previous.collection)
-        check_collection(args.input, found, expected)
-        check_report_files(args.input, expected, found)
-        reports = p | "ReadReports" >> ReadReports(args.input, expected)
-        # reports -> counts of round r -> the state after round r
-        state = (reports
-                 | "Accumulate" >> beam.CombineGlobally(ProtocolCombineFn(mechanism, r))
-                 | "Calibrate" >> beam.Map(advance_state, AsSingleton(p | "Previous" >> beam.Create([previous])),
-                                           mechanism, r))
-        records = (state | "Estimates" >> beam.Map(mechanism.estimates)
-                   | "ToRecords" >> beam.FlatMap(to_records, AsSingleton(key_names)))
+    if mechanism.max_rounds > 1:
         broadcast_out = args.broadcast_out or args.output + ".broadcast.avro"
-        (state | "Broadcast" >> beam.FlatMap(broadcast_records, dict(mechanism.config()), names)
-         | "WriteBroadcast" >> beam.io.WriteToAvro(broadcast_out, schema=schemas.load(schemas.BROADCAST),
-                                                   num_shards=1, shard_name_template=""))
-    else:
-        if args.round != 1 or args.broadcast:
-            raise ValueError(f"{args.mechanism} has a single round: no --round/--broadcast")
-        check_report_files(args.input, mechanism.config(), found)
-        reports = p | "ReadReports" >> ReadReports(args.input, mechanism.config())
-        records, counts = estimate_graph(reports, mechanism, key_names, fanout=args.fanout)
-        if ioh_keys is not None:
-            counts_out = args.counts_out or args.output + ".counts.avro"
-            ioh_counts_file(counts, None, mechanism, key_names, counts_out)
-    records | "WriteEstimates" >> WriteEstimates(args.output)
+        write_broadcast(out["state"], mechanism, names, broadcast_out)
+    if ioh_keys is not None:
+        counts_out = args.counts_out or args.output + ".counts.avro"
+        ioh_counts_file(out["counts"], None, mechanism, key_names, counts_out)
     result = p.run()
     result.wait_until_finish()
     stats = common.counters(result)
-    records = report.read_estimates(args.output)
+    print_collected(args, mechanism, stats, broadcast_out, counts_out)
+    return {"output": args.output, "stats": stats, "broadcast": broadcast_out, "counts": counts_out}
+
+
+def print_collected(args, mechanism, stats: dict, broadcast_out: str | None, counts_out: str | None):
     print(f"{stats.get('reports_read', 0)} reports collected by {mechanism!r}")
-    report.print_table(records, args.rows)
+    report.print_table(report.read_estimates(args.output), args.rows)
     print(f"estimates written to {args.output}")
     if broadcast_out:
         with FileSystems.open(broadcast_out) as fh:
@@ -279,4 +288,3 @@ def run_collect(args, beam_args) -> dict:
               f"(eps spent {first['epsilon_spent']:g}; {status})")
     if counts_out:
         print(f"IOH cell counts written to {counts_out} (query them with kvldp query --counts)")
-    return {"output": args.output, "stats": stats, "broadcast": broadcast_out, "counts": counts_out}

@@ -8,9 +8,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from kvldp import schemas
-from kvldp.mechanisms.base import Estimates, ReportBatch
-from kvldp.mechanisms.ioh import PackedReportBatch, packed_width
-from kvldp.mechanisms.oracles import OLHReportBatch
+from kvldp.mechanisms.base import Estimates
 from kvldp.mechanisms.protocol import Collection, ProtocolState
 
 
@@ -51,72 +49,15 @@ def estimate_records(est: Estimates, key_names: Sequence[str], true_frequency=No
     return out
 
 
-def report_schema(reports) -> str:
-    """The schema name a report batch is written with."""
-    if isinstance(reports, PackedReportBatch):
-        return schemas.IOH_REPORT
-    if isinstance(reports, OLHReportBatch):
-        return schemas.OLH_REPORT
-    return schemas.REPORT
-
-
-def report_records(reports) -> Iterable[dict]:
-    """One record per user: ``ioh_report.avsc`` for packed IOH reports,
-    ``report.avsc`` otherwise."""
-    kind = report_schema(reports)
-    if kind == schemas.IOH_REPORT:
-        for row in reports.bits:
-            yield {"bits": row.tobytes()}
-        return
-    if kind == schemas.OLH_REPORT:
-        for a, b, y in zip(reports.a.tolist(), reports.b.tolist(), reports.values.tolist()):
-            yield {"a": a, "b": b, "y": y}
-        return
-    offsets = reports.offsets.tolist()
-    positions = reports.positions.tolist()
-    signs = reports.signs.tobytes()
-    for i in range(reports.n_reports):
-        lo, hi = offsets[i], offsets[i + 1]
-        yield {"positions": positions[lo:hi], "signs": signs[lo:hi]}
-
-
-def packed_reports_from_records(records: Sequence[dict], n_cells: int, batch_id: int = 0):
-    """Inverse of :func:`report_records` for IOH: rows of equal width."""
-    width = packed_width(n_cells)
-    raw = b"".join(r["bits"] for r in records)
-    if len(raw) != width * len(records):
-        raise ValueError(f"IOH reports must be {width} bytes each ({n_cells} cells)")
-    return PackedReportBatch(np.frombuffer(raw, dtype=np.uint8).reshape(len(records), width), n_cells, batch_id)
-
-
-def olh_reports_from_records(records: Sequence[dict], batch_id: int = 0):
-    return OLHReportBatch([r["a"] for r in records], [r["b"] for r in records], [r["y"] for r in records],
-                          batch_id)
-
-
-def reports_from_records(records: Iterable[dict], batch_id: int = 0) -> ReportBatch:
-    """Inverse of :func:`report_records` for ``report.avsc``; validates entry counts."""
-    sizes, positions, signs = [], [], []
-    for r in records:
-        pos, sg = r["positions"], r["signs"]
-        if len(pos) != len(sg):
-            raise ValueError("report with different numbers of positions and signs")
-        sizes.append(len(pos))
-        positions.extend(pos)
-        signs.append(sg)
-    # symbols are checked by the mechanism's accumulate (their meaning is its own)
-    sign_arr = np.frombuffer(b"".join(signs), dtype=np.int8)
-    return ReportBatch(np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]),
-                       np.asarray(positions, dtype=np.int32), sign_arr, batch_id)
-
-
-def broadcast_records(state, config: dict, key_names: Sequence[str]) -> list[dict]:
-    """One ``broadcast.avsc`` record per key from a ``ProtocolState``."""
+def broadcast_records(state, protocol, key_names: Sequence[str]) -> list[dict]:
+    """One ``broadcast.avsc`` record per key from ``protocol``'s ``ProtocolState``."""
+    config = dict(protocol.config())
     est = state.estimates
     cfg = json.dumps(config, sort_keys=True)
     out = []
     for rec, m_next in zip(estimate_records(est, key_names), state.broadcast):
-        out.append({"round": int(state.rounds_done), "key": rec["key"], "next_mean": float(m_next),
+        out.append({"round": int(state.rounds_done), "key": rec["key"],
+                    "broadcast_kind": protocol.broadcast_kind, "broadcast_value": float(m_next),
                     "stopped": bool(state.stopped), "epsilon_spent": float(state.epsilon_spent), "config": cfg,
                     "extra": json.dumps(dict(state.extra)),
                     "collection": "" if state.collection is None else state.collection.to_json(),
@@ -125,8 +66,10 @@ def broadcast_records(state, config: dict, key_names: Sequence[str]) -> list[dic
     return out
 
 
-def state_from_broadcast(records: Sequence[dict], key_names: Sequence[str], mechanism: str, epsilon: float):
-    """Inverse of :func:`broadcast_records`, keys ordered by ``key_names``."""
+def state_from_broadcast(records: Sequence[dict], key_names: Sequence[str], protocol):
+    """Inverse of :func:`broadcast_records`, keys ordered by ``key_names``;
+    ``(state, the config that wrote it)``."""
+    mechanism, epsilon = protocol.name, protocol.epsilon
     by_key = {r["key"]: r for r in records}
     missing = [k for k in key_names if k not in by_key]
     if missing or len(by_key) != len(key_names):
@@ -134,6 +77,10 @@ def state_from_broadcast(records: Sequence[dict], key_names: Sequence[str], mech
                          f"{len(by_key)} keys vs {len(key_names)})")
     rows = [by_key[k] for k in key_names]
     col = lambda f: np.array([np.nan if r[f] is None else r[f] for r in rows], dtype=np.float64)  # noqa: E731
+    kinds = {r["broadcast_kind"] for r in rows}
+    if kinds != {protocol.broadcast_kind}:
+        raise ValueError(f"the broadcast carries {sorted(kinds)}, but {protocol.name} broadcasts "
+                         f"{protocol.broadcast_kind!r}")
     rounds = {r["round"] for r in rows}
     if len(rounds) != 1:
         raise ValueError(f"broadcast mixes rounds {sorted(rounds)}")
@@ -146,7 +93,7 @@ def state_from_broadcast(records: Sequence[dict], key_names: Sequence[str], mech
     collections = {r.get("collection") or "" for r in rows}
     if len(collections) != 1:
         raise ValueError("broadcast mixes collections")
-    return ProtocolState(rounds.pop(), col("next_mean"), bool(rows[0]["stopped"]),
+    return ProtocolState(rounds.pop(), col("broadcast_value"), bool(rows[0]["stopped"]),
                          float(rows[0]["epsilon_spent"]), est, extra,
                          Collection.from_json(collections.pop())), json.loads(rows[0]["config"])
 

@@ -1,33 +1,35 @@
-"""The collector: accumulate reports into count arrays, then calibrate.
+"""The collector: accumulate a round's reports into counts, then calibrate.
 
-``MechanismCombineFn`` wraps a mechanism's ``accumulate``/``merge`` as a Beam
-CombineFn (as TFT's ``_CombinerWrapper`` wraps its Beam-free combiners): the
-accumulator is the mechanism's flat ``int64`` count array, so it merges in
-any order, works with ``with_fanout`` and inside windows.
+``RoundCombineFn`` wraps a protocol's ``accumulate_round``/``merge_round``
+as a Beam CombineFn (as TFT's ``_CombinerWrapper`` wraps its Beam-free
+combiners): the accumulator is the round's flat ``int64`` count array, so it
+merges in any order, works with ``with_fanout`` and inside windows.
+``Advance`` calibrates the counts into the state after the round.
 """
 from __future__ import annotations
 
 import apache_beam as beam
 import numpy as np
 
-from kvldp.mechanisms.base import Mechanism
+from kvldp.mechanisms.protocol import Protocol
+from kvldp.transforms.perturb import state_arg
 
 
-class MechanismCombineFn(beam.CombineFn):
-    """``ReportBatch``es -> the mechanism's count array."""
+class RoundCombineFn(beam.CombineFn):
+    """Round ``round_index``'s reports -> its count array."""
 
-    def __init__(self, mechanism: Mechanism):
-        self._mechanism = mechanism
+    def __init__(self, protocol: Protocol, round_index: int = 0):
+        self._protocol, self._round = protocol, round_index
 
     def create_accumulator(self):
         # A fresh array every call: runners may hold several at once.
-        return self._mechanism.new_counts()
+        return self._protocol.new_round_counts(self._round)
 
     def add_input(self, counts, reports):
-        return self._mechanism.accumulate(counts, reports)
+        return self._protocol.accumulate_round(self._round, counts, reports)
 
     def merge_accumulators(self, accumulators):
-        return self._mechanism.merge(accumulators)
+        return self._protocol.merge_round(self._round, accumulators)
 
     def extract_output(self, counts):
         return counts
@@ -57,21 +59,20 @@ class ArraySumCombineFn(beam.CombineFn):
 
 
 class Accumulate(beam.PTransform):
-    """``PCollection[ReportBatch] -> PCollection[counts]`` (one per window).
+    """``PCollection[Reports] -> PCollection[counts]`` (one per window).
 
     ``fanout`` adds an intermediate combine level so no single worker merges
     every batch; ``windowed=True`` for non-global windows (no default value).
     """
 
-    def __init__(self, mechanism: Mechanism, fanout: int | None = None, windowed: bool = False,
+    def __init__(self, protocol: Protocol, round_index: int = 0, fanout: int | None = None, windowed: bool = False,
                  label: str | None = None):
         super().__init__(label)
-        self._mechanism = mechanism
-        self._fanout = fanout
-        self._windowed = windowed
+        self._fn = RoundCombineFn(protocol, round_index)
+        self._fanout, self._windowed = fanout, windowed
 
     def expand(self, reports):
-        combine = beam.CombineGlobally(MechanismCombineFn(self._mechanism))
+        combine = beam.CombineGlobally(self._fn)
         if self._fanout:
             combine = combine.with_fanout(self._fanout)
         if self._windowed:
@@ -79,12 +80,33 @@ class Accumulate(beam.PTransform):
         return reports | "CombineCounts" >> combine
 
 
-class Calibrate(beam.PTransform):
-    """``PCollection[counts] -> PCollection[Estimates]``."""
+def next_state(counts, previous, protocol: Protocol, round_index: int):
+    return protocol.next_state(round_index, previous, counts)
 
-    def __init__(self, mechanism: Mechanism, label: str | None = None):
+
+class Advance(beam.PTransform):
+    """``PCollection[counts] -> PCollection[ProtocolState]``: the state after
+    round ``round_index``, from the state ``previous`` it started from (a
+    value, a one-element PCollection, or ``None`` for a fresh protocol)."""
+
+    def __init__(self, protocol: Protocol, round_index: int = 0, previous=None, label: str | None = None):
         super().__init__(label)
-        self._mechanism = mechanism
+        self._protocol, self._round = protocol, round_index
+        self._previous = protocol.initial_state() if previous is None else previous
 
     def expand(self, counts):
-        return counts | "Estimate" >> beam.Map(self._mechanism.estimate)
+        return counts | "NextState" >> beam.Map(next_state, state_arg(self._previous), self._protocol, self._round)
+
+
+class Calibrate(beam.PTransform):
+    """``PCollection[counts] -> PCollection[Estimates]`` (``Advance``, then the
+    state's estimates)."""
+
+    def __init__(self, protocol: Protocol, round_index: int = 0, previous=None, label: str | None = None):
+        super().__init__(label)
+        self._protocol, self._round, self._previous = protocol, round_index, previous
+
+    def expand(self, counts):
+        return (counts
+                | "Advance" >> Advance(self._protocol, self._round, self._previous)
+                | "Estimates" >> beam.Map(self._protocol.estimates))

@@ -21,8 +21,6 @@ from apache_beam.metrics import Metrics
 
 from kvldp import schemas
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
-from kvldp.schemas.records import (olh_reports_from_records, packed_reports_from_records, report_records, report_schema,
-                             reports_from_records)
 
 FORMATS = ("csv", "jsonl", "avro")
 CONFIG_METADATA_KEY = "kvldp.config"
@@ -51,7 +49,7 @@ class _WriteReportFileFn(beam.DoFn):
     def process(self, reports):
         path = f"{self._prefix}-{reports.batch_id:05d}.avro"
         with FileSystems.create(path) as fh:
-            fastavro.writer(fh, schemas.parsed(report_schema(reports)), report_records(reports),
+            fastavro.writer(fh, schemas.parsed(reports.schema), reports.records(),
                             metadata={CONFIG_METADATA_KEY: self._config}, codec="deflate")
         self._written.inc(reports.n_reports)
         yield path
@@ -70,7 +68,8 @@ class WriteReports(beam.PTransform):
 
 
 class _ReadReportFileFn(beam.DoFn):
-    def __init__(self, config: dict, batch_rows: int):
+    def __init__(self, protocol, round_index: int, config: dict, batch_rows: int):
+        self._protocol, self._round = protocol, round_index
         self._config, self._rows = dict(config), batch_rows
         self._read = Metrics.counter("kvldp", "reports_read")
 
@@ -83,13 +82,14 @@ class _ReadReportFileFn(beam.DoFn):
                 raise ValueError(
                     f"{readable.metadata.path}: reports were made by {found}, but the collector was "
                     f"configured as {self._config}; rerun collect with the perturbing side's parameters")
-            kind = reader.writer_schema.get("name", "")
-            if kind.endswith("IOHReport"):
-                decode = lambda rows: packed_reports_from_records(rows, 3 ** len(found["ioh_keys"]))  # noqa: E731
-            elif kind.endswith("OLHReport"):
-                decode = olh_reports_from_records
-            else:
-                decode = reports_from_records
+            kind = self._protocol.round_report_type(self._round)
+            if reader.writer_schema.get("name", "").split(".")[-1] != schemas.load(kind.schema)["name"]:
+                raise ValueError(f"{readable.metadata.path}: {reader.writer_schema.get('name')} records, but "
+                                 f"{self._protocol.name} reads {kind.schema} records")
+
+            def decode(rows):
+                return self._protocol.reports_from_records(self._round, rows)
+
             batch = []
             for record in reader:
                 batch.append(record)
@@ -140,12 +140,14 @@ def check_report_files(pattern: str, config: Mapping, found: Mapping | None = No
 
 
 class ReadReports(beam.PTransform):
-    """Avro report files -> ``ReportBatch``es, checked against ``config``."""
+    """Avro report files -> round ``round_index``'s report batches of
+    ``protocol`` (its report type decodes them), checked against ``config``."""
 
-    def __init__(self, pattern: str, config: Mapping, batch_rows: int = DEFAULT_BATCH_SIZE, label: str | None = None):
+    def __init__(self, pattern: str, protocol, round_index: int, config: Mapping,
+                 batch_rows: int = DEFAULT_BATCH_SIZE, label: str | None = None):
         super().__init__(label)
         self._pattern = pattern
-        self._fn = _ReadReportFileFn(dict(config), batch_rows)
+        self._fn = _ReadReportFileFn(protocol, round_index, dict(config), batch_rows)
 
     def expand(self, pbegin):
         return (pbegin

@@ -1,42 +1,62 @@
-"""Client-side perturbation as a batched DoFn.
+"""Client-side perturbation as a batched DoFn, for every mechanism and round.
 
 One element is a ``UserBatch`` (thousands to hundreds of thousands of users);
-the DoFn calls ``mechanism.perturb`` once per batch with a generator derived
-from the run seed and the batch's id, so a retried bundle emits exactly the
-same reports and element order never matters.
+the DoFn calls the protocol's ``perturb_round`` once per batch with a
+generator derived from the run seed, the batch's id and the round, so a
+retried bundle emits exactly the same reports and element order never
+matters. The collector's state the round starts from (the broadcast of
+the previous round) is a singleton side input, or a constant for round 1.
 """
 from __future__ import annotations
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
+from apache_beam.pvalue import AsSingleton
 
-from kvldp.mechanisms.base import Mechanism, UserBatch
+from kvldp.mechanisms.base import UserBatch
+from kvldp.mechanisms.protocol import Protocol, ProtocolState
 from kvldp.mechanisms.randomness import batch_rng
 
 
-class PerturbBatchFn(beam.DoFn):
-    """``UserBatch -> ReportBatch`` with ``batch_rng(seed, batch.batch_id)``."""
+class PerturbFn(beam.DoFn):
+    """``UserBatch`` -> round ``round_index``'s reports of the round's
+    participants, with ``batch_rng(seed, batch_id, round)`` (nothing once the
+    protocol has stopped)."""
 
-    def __init__(self, mechanism: Mechanism, seed: int):
-        self._mechanism = mechanism
-        self._seed = seed
+    def __init__(self, protocol: Protocol, seed: int, round_index: int = 0):
+        self._protocol, self._seed, self._round = protocol, seed, round_index
         self._users = Metrics.counter("kvldp", "users_perturbed")
         self._reports = Metrics.counter("kvldp", "reports_emitted")
 
-    def process(self, users: UserBatch):
-        reports = self._mechanism.perturb(users, batch_rng(self._seed, users.batch_id))
+    def process(self, users: UserBatch, state: ProtocolState | None = None):
+        if state is None:
+            state = self._protocol.initial_state()
+        if state.stopped:
+            return
+        rng = batch_rng(self._seed, users.batch_id, round_index=self._round)
+        users = self._protocol.participants(self._round, users, state)
+        reports = self._protocol.perturb_round(self._round, users, rng, state)
         self._users.inc(users.n_users)
         self._reports.inc(reports.n_reports)
         yield reports
 
 
-class Perturb(beam.PTransform):
-    """``PCollection[UserBatch] -> PCollection[ReportBatch]``."""
+def state_arg(state):
+    """A state given as a value stays a constant; as a PCollection (one
+    element, computed by the previous round) it becomes a singleton side input."""
+    return AsSingleton(state) if isinstance(state, beam.PCollection) else state
 
-    def __init__(self, mechanism: Mechanism, seed: int, label: str | None = None):
+
+class Perturb(beam.PTransform):
+    """``PCollection[UserBatch] -> PCollection[Reports]`` of one round.
+
+    ``state``: what the round starts from -- a ``ProtocolState``, a
+    one-element PCollection of it, or ``None`` for a fresh protocol."""
+
+    def __init__(self, protocol: Protocol, seed: int, round_index: int = 0, state=None, label: str | None = None):
         super().__init__(label)
-        self._mechanism = mechanism
-        self._seed = seed
+        self._fn = PerturbFn(protocol, seed, round_index)
+        self._state = protocol.initial_state() if state is None else state
 
     def expand(self, users):
-        return users | "PerturbBatches" >> beam.ParDo(PerturbBatchFn(self._mechanism, self._seed))
+        return users | "PerturbBatches" >> beam.ParDo(self._fn, state_arg(self._state))

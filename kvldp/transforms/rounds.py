@@ -1,89 +1,72 @@
-"""Multi-round protocols as one pipeline of sequential stages.
+"""A protocol's rounds as one pipeline of sequential stages.
 
-Round ``r`` is perturb -> combine -> calibrate; the calibrated
-``ProtocolState`` of round ``r`` is a singleton side input of round
-``r+1``'s perturbation (the broadcast) and of its calibration (the
-collector's memory), as Beam's tf-idf example feeds one stage's global
-result into the next. A protocol that stops early (PrivKVM+) still has all
-``max_rounds`` stages in the graph; after the stop they emit no reports and
-pass the state through, so no budget is spent.
+Round ``r`` is perturb -> combine -> advance; the ``ProtocolState`` after
+round ``r`` is a singleton side input of round ``r+1``'s perturbation (the
+broadcast) and of its calibration (the collector's memory), as Beam's
+tf-idf example feeds one stage's global result into the next. A
+single-round mechanism is the one-stage case. A protocol that stops early
+(PrivKVM+) still has all ``max_rounds`` stages in the graph; after the stop
+they emit no reports and pass the state through, so no budget is spent.
 """
 from __future__ import annotations
 
 import apache_beam as beam
-from apache_beam.metrics import Metrics
-from apache_beam.pvalue import AsSingleton
 
-from kvldp.mechanisms.protocol import Collection, Protocol, ProtocolState
-from kvldp.mechanisms.randomness import batch_rng
-
-
-class ProtocolPerturbFn(beam.DoFn):
-    """``UserBatch`` -> round ``r``'s ``ReportBatch`` (none once stopped)."""
-
-    def __init__(self, protocol: Protocol, round_index: int, seed: int):
-        self._protocol, self._round, self._seed = protocol, round_index, seed
-        self._users = Metrics.counter("kvldp", "users_perturbed")
-        self._reports = Metrics.counter("kvldp", "reports_emitted")
-
-    def process(self, users, state: ProtocolState):
-        if state.stopped:
-            return
-        rng = batch_rng(self._seed, users.batch_id, round_index=self._round)
-        users = self._protocol.participants(self._round, users, state)
-        reports = self._protocol.perturb(self._round, users, rng, state)
-        self._users.inc(users.n_users)
-        self._reports.inc(reports.n_reports)
-        yield reports
+from kvldp.mechanisms.protocol import Collection, Protocol
+from kvldp.transforms.accumulate import Accumulate, Advance
+from kvldp.transforms.perturb import PerturbFn, state_arg
 
 
-class ProtocolCombineFn(beam.CombineFn):
-    """Round ``r``'s reports -> its count array."""
-
-    def __init__(self, protocol: Protocol, round_index: int):
-        self._protocol, self._round = protocol, round_index
-
-    def create_accumulator(self):
-        return self._protocol.new_counts(self._round)
-
-    def add_input(self, counts, reports):
-        return self._protocol.accumulate(self._round, counts, reports)
-
-    def merge_accumulators(self, accumulators):
-        return self._protocol.merge(self._round, accumulators)
-
-    def extract_output(self, counts):
-        return counts
+def collect_steps(reports, protocol: Protocol, round_index: int, previous, fanout: int | None = None) -> dict:
+    """``reports -> {"counts", "state"}``: accumulate, then calibrate into the
+    state after the round."""
+    counts = reports | "Accumulate" >> Accumulate(protocol, round_index, fanout)
+    return {"counts": counts, "state": counts | "Calibrate" >> Advance(protocol, round_index, previous)}
 
 
-def advance_state(counts, state, protocol: Protocol, round_index: int) -> ProtocolState:
-    return protocol.next_state(round_index, state, counts)
+class CollectRound(beam.PTransform):
+    """The collector's half of a round: ``reports -> {"counts", "state"}``
+    (``previous``: the state the round started from)."""
+
+    def __init__(self, protocol: Protocol, round_index: int, previous, fanout: int | None = None,
+                 label: str | None = None):
+        super().__init__(label)
+        self._protocol, self._round, self._previous, self._fanout = protocol, round_index, previous, fanout
+
+    def expand(self, reports):
+        return collect_steps(reports, self._protocol, self._round, self._previous, self._fanout)
 
 
 class RunRound(beam.PTransform):
-    """``users`` + previous state -> the state after round ``round_index``."""
+    """``users`` + the previous state -> ``{"reports", "counts", "state"}`` of
+    round ``round_index`` (the clients' half, then ``CollectRound``)."""
 
-    def __init__(self, protocol: Protocol, round_index: int, seed: int, state, label: str | None = None):
+    def __init__(self, protocol: Protocol, round_index: int, seed: int, previous, fanout: int | None = None,
+                 label: str | None = None):
         super().__init__(label)
-        self._protocol, self._round, self._seed, self._state = protocol, round_index, seed, state
+        self._protocol, self._round, self._seed = protocol, round_index, seed
+        self._previous, self._fanout = previous, fanout
 
     def expand(self, users):
-        p, r, state = self._protocol, self._round, AsSingleton(self._state)
-        reports = users | "Perturb" >> beam.ParDo(ProtocolPerturbFn(p, r, self._seed), state)
-        counts = reports | "Accumulate" >> beam.CombineGlobally(ProtocolCombineFn(p, r))
-        return counts | "Calibrate" >> beam.Map(advance_state, state, p, r)
+        # the DoFn itself (not the Perturb composite), so the stage that reads the previous state is Round{r}/Perturb
+        reports = users | "Perturb" >> beam.ParDo(PerturbFn(self._protocol, self._seed, self._round),
+                                                  state_arg(self._previous))
+        # the collector's steps inline, so the stages read Round{r}/Perturb, /Accumulate, /Calibrate
+        return {"reports": reports, **collect_steps(reports, self._protocol, self._round, self._previous, self._fanout)}
 
 
 class RunProtocol(beam.PTransform):
-    """``PCollection[UserBatch]`` -> the final ``ProtocolState`` (one element)."""
+    """``PCollection[UserBatch]`` -> ``{"state": the final ProtocolState,
+    "counts": the last round's counts}`` (one element each); the users'
+    groups come from ``Collection.from_seed(seed)``."""
 
-    def __init__(self, protocol: Protocol, seed: int, label: str | None = None):
+    def __init__(self, protocol: Protocol, seed: int, fanout: int | None = None, label: str | None = None):
         super().__init__(label)
-        self._protocol, self._seed = protocol, seed
+        self._protocol, self._seed, self._fanout = protocol, seed, fanout
 
     def expand(self, users):
-        first = self._protocol.initial_state(Collection.from_seed(self._seed))
-        state = users.pipeline | "InitialState" >> beam.Create([first])
+        state = self._protocol.initial_state(Collection.from_seed(self._seed))
         for r in range(self._protocol.max_rounds):
-            state = users | f"Round{r + 1}" >> RunRound(self._protocol, r, self._seed, state)
-        return state
+            out = users | f"Round{r + 1}" >> RunRound(self._protocol, r, self._seed, state, self._fanout)
+            state = out["state"]
+        return {"state": state, "counts": out["counts"]}
