@@ -1,0 +1,82 @@
+"""The package's import graph: no module cycles, and layers import downwards only.
+
+mechanisms (pure NumPy) <- datasets <- schemas <- transforms (Beam) <- pipelines (jobs).
+Read from the source with ``ast`` (every ``import``/``from`` statement,
+function-level ones included), so a deferred import cannot hide a cycle.
+"""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "kvldp"
+LAYERS = ["mechanisms", "datasets", "schemas", "transforms", "pipelines"]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """The kvldp modules ``path`` imports (resolved to modules, not packages' names)."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("kvldp")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("kvldp"):
+                continue
+            for a in node.names:     # "from kvldp.x import y": y may be a module
+                sub = f"{target}.{a.name}"
+                out.add(sub if sub in MODULES else target)
+    return {m for m in out if m != me}
+
+
+MODULES = {module_name(p): p for p in PKG.rglob("*.py")}
+GRAPH = {m: imports_of(p) for m, p in MODULES.items()}
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else -1
+
+
+def test_the_graph_is_read():
+    assert "kvldp.mechanisms.protocol" in GRAPH["kvldp.mechanisms.pckv"]
+    assert "kvldp.transforms.rounds" in GRAPH["kvldp.pipelines.graphs"]
+
+
+def test_no_module_cycle():
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        path.append(m)
+        for n in sorted(GRAPH.get(m, ())):
+            if state.get(n) == 1:
+                pytest.fail("import cycle: " + " -> ".join(path[path.index(n):] + [n]))
+            if n in GRAPH and not state.get(n):
+                visit(n)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(GRAPH):
+        if not state.get(m):
+            visit(m)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) >= 0))
+def test_layers_import_downwards_only(module):
+    upward = sorted(n for n in GRAPH[module] if layer(n) > layer(module))
+    assert upward == [], f"{module} imports a higher layer: {upward}"
