@@ -80,3 +80,14 @@ def test_no_module_cycle():
 def test_layers_import_downwards_only(module):
     upward = sorted(n for n in GRAPH[module] if layer(n) > layer(module))
     assert upward == [], f"{module} imports a higher layer: {upward}"
+
+
+def test_one_top_level_package():
+    """``pip install`` puts one name into site-packages: kvldp (no generic
+    ``mechanisms``/``pipelines``/``schemas`` to collide with a user's own)."""
+    from setuptools import find_packages
+
+    found = find_packages(str(ROOT), exclude=["tests", "tests.*"])
+    assert {p.split(".")[0] for p in found} == {"kvldp"}, found
+    setup = (ROOT / "setup.py").read_text(encoding="utf-8")
+    assert 'find_packages(include=["kvldp", "kvldp.*"])' in setup
