@@ -22,8 +22,8 @@ import pytest
 
 from kvldp.mechanisms.base import ReportBatch, UserBatch
 from kvldp.datasets import SyntheticDataset
-from kvldp.mechanisms.ioh import (IOH, MAX_IOH_KEYS, PackedReportBatch, bit_sums, calibrate_cells, cell_variance,
-                            index_states, pack_positions, packed_width, state_index)
+from kvldp.mechanisms.ioh import (IOH, MAX_IOH_KEYS, PackedReportBatch, bit_sums, calibrate_cells, cell_variance, pack_positions, packed_width)
+from kvldp.mechanisms.cells import index_states, state_index
 from kvldp.mechanisms.query import (HELD, NOT_HELD, CellTable, parse_alpha_beta, parse_given, parse_query,
                               pattern_truth, true_conditional)
 from kvldp.mechanisms.randomness import batch_rng

@@ -20,14 +20,15 @@ unbiased for the number of users in cell ``i``, with exact variance
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import ClassVar, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from .base import Estimates, ReportBatch, Reports, UserBatch, with_statuses
-from .cells import index_states, state_index
-from .protocol import Mechanism
+from .cells import state_index
 from .oracles import OUE, SUE
+from .protocol import Mechanism
 from .query import CellTable
 from .sampling import discretise
 
@@ -206,6 +207,22 @@ class IOH(Mechanism):
         return with_statuses(col(0), col(1), f_raw, col(3), col(4), col(5), n_reports=int(counts[0]),
                              mechanism=self.name, epsilon=self.epsilon,
                              no_reports=np.full(self.k, counts[0] == 0), mean_not_estimable=~(f_raw > 0))
+
+    def output_probabilities(self, pairs, round_index: int = 0, state=None) -> np.ndarray:
+        """Every report ``y in {0,1}^(3^k)`` (``itertools.product`` order) for
+        a user holding ``pairs``: ``sum_c P(c) P(y | c)``, where each chosen
+        key's state is 1 (lacks it) or, held with value ``v``, 0/2 w.p.
+        ``(1 -/+ v)/2`` (cells most significant first, ``state_index``)."""
+        held = dict(pairs)
+        cell = np.ones(1)
+        for key in self.ioh_keys:
+            v = held.get(key)
+            per_key = np.array([0.0, 1.0, 0.0]) if v is None else np.array([(1 - v) / 2, 0.0, (1 + v) / 2])
+            cell = np.outer(cell, per_key).ravel()
+        ys = np.array(list(itertools.product((False, True), repeat=self.n_cells)))
+        p, q = self.oracle.p, self.oracle.q
+        zero_cells = np.where(ys, q, 1 - q)                   # P(y_j | j is not the user's cell)
+        return np.prod(zero_cells, axis=1) * ((np.where(ys, p, 1 - p) / zero_cells) @ cell)
 
     def output_probability(self, cell: int, report_bits: np.ndarray) -> float:
         """P(report | true cell) for one unpacked report (privacy audits)."""

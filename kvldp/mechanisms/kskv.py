@@ -41,16 +41,25 @@ from typing import Mapping
 
 import numpy as np
 
-from .base import (STATUS_LATER_ROUND, STATUS_NOT_CANDIDATE, STATUS_OK, Estimates, ReportBatch, Reports, UserBatch,
-                   status_array, validated_domain, with_statuses)
+from .base import (
+    STATUS_LATER_ROUND,
+    STATUS_NOT_CANDIDATE,
+    STATUS_OK,
+    Estimates,
+    ReportBatch,
+    Reports,
+    UserBatch,
+    status_array,
+    validated_domain,
+    with_statuses,
+)
 from .budget import BudgetLedger, Share
-from .oracles import OLH, OLHReportBatch
+from .oracles import GRR, OLH, OLHReportBatch
 from .pckv import CLIP_PAPER, PCKVUE, PCKVParams
 from .protocol import Protocol, ProtocolState
-from .sampling import discretise, padding_and_sampling
+from .sampling import discretise, padding_and_sampling, padding_sampling_distribution
 from .symbols import accumulate_symbols
 from .variance import multinomial_delta_variance
-
 
 MAX_ADAPTIVE_PADDING = 16
 
@@ -144,22 +153,21 @@ def sample_one_pair(users: UserBatch, rng: np.random.Generator):
 def grr_pairs(index: np.ndarray, x: np.ndarray, n_keys: int, epsilon: float, rng) -> ReportBatch:
     """GRR over the ``2 n_keys`` pairs ``<key, ±1>`` (formula (7)): keep w.p.
     ``e^eps/(e^eps + 2 n_keys - 1)``, else any other pair uniformly."""
-    n = len(index)
-    pairs = 2 * n_keys
-    own = 2 * index + (x > 0)
-    keep = rng.random(n) < grr_p(n_keys, epsilon)
-    other = rng.integers(0, pairs - 1, size=n)
-    other = other + (other >= own)
-    out = np.where(keep, own, other)
-    return ReportBatch(np.arange(n + 1), out // 2, np.where(out % 2 == 1, 1, -1).astype(np.int8))
+    out = GRR(2 * n_keys, epsilon).perturb(2 * np.asarray(index) + (np.asarray(x) > 0), rng)
+    return ReportBatch(np.arange(len(out) + 1), out // 2, np.where(out % 2 == 1, 1, -1).astype(np.int8))
 
 
 def grr_p(n_keys: int, epsilon: float) -> float:
-    return math.exp(epsilon) / (math.exp(epsilon) + 2 * n_keys - 1)
+    """Formula (7)'s keep probability: GRR's over the ``2 n_keys`` pairs."""
+    return GRR(2 * n_keys, epsilon).p
 
 
 def grr_q(n_keys: int, epsilon: float) -> float:
-    return 1.0 / (math.exp(epsilon) + 2 * n_keys - 1)
+    return GRR(2 * n_keys, epsilon).q
+
+
+# A fixed subfamily of OLH hashes ((a x + b) mod (2^31 - 1)) mod g for the exact audits.
+AUDIT_HASHES = ((1, 0), (2, 1), (3, 5), (5, 2), (7, 3), (11, 8), (13, 21), (1_000_003, 17))
 
 
 class _KeyStrategyProtocol(Protocol):
@@ -180,7 +188,7 @@ class _KeyStrategyProtocol(Protocol):
         # every group spends the whole budget once, in its own round
         self.ledger = BudgetLedger.of(self.epsilon, [Share(r, "pair", self.epsilon, f"group{r + 1}")
                                                      for r in range(self.max_rounds)])
-        self.olh = OLH(self.d + 1, self.epsilon)       # item d: a user without pairs
+        self.olh = OLH(self.d + 1, self.ledger.round_epsilon(0))       # item d: a user without pairs
 
     broadcast_kind = "candidate_rank"
 
@@ -234,7 +242,8 @@ class _KeyStrategyProtocol(Protocol):
         width = (len(counts) - 1) // 2
         plus = counts[1:1 + width][:self.n_candidates].astype(np.float64)
         minus = counts[1 + width:][:self.n_candidates].astype(np.float64)
-        p, q = grr_p(n_keys, self.epsilon), grr_q(n_keys, self.epsilon)
+        eps = self.ledger.round_epsilon(self.max_rounds - 1)
+        p, q = grr_p(n_keys, eps), grr_q(n_keys, eps)
         stack = np.stack([plus, minus, n - plus - minus])
 
         def f_of(s):
@@ -271,6 +280,39 @@ class _KeyStrategyProtocol(Protocol):
         return with_statuses(**out, n_reports=n, mechanism=self.name, epsilon=self.epsilon,
                              mean_not_estimable=not_positive, frequency_status=f_status, mean_status=m_status)
 
+    # -- exact report distributions (privacy audit) ---------------------
+    def one_pair_distribution(self, pairs) -> np.ndarray:
+        """P(item) of round 1's ``sample_one_pair`` over ``[0, d]`` (``d``: no pair)."""
+        out = np.zeros(self.d + 1)
+        for k, _ in pairs:
+            out[k] += 1.0 / len(pairs)
+        if not pairs:
+            out[self.d] = 1.0
+        return out
+
+    @staticmethod
+    def olh_probabilities(oracle: OLH, item_probs: np.ndarray) -> np.ndarray:
+        """OLH reports ``(hash, y)`` over the fixed hash subfamily
+        ``AUDIT_HASHES``, each hash equally likely. The hash is drawn
+        independently of the item, so the ratio of two users' probabilities of
+        ``(h, y)`` is that of ``P(y | h, item)``: auditing a subfamily audits
+        those hashes exactly."""
+        items = np.arange(oracle.d, dtype=np.uint64)
+        other = (1 - oracle.p) / (oracle.g - 1)
+        out = []
+        for a, b in AUDIT_HASHES:
+            hashed = oracle.hash(np.uint64(a), np.uint64(b), items)
+            given_item = np.where(hashed[:, None] == np.arange(oracle.g)[None, :], oracle.p, other)
+            out.append(item_probs @ given_item / len(AUDIT_HASHES))
+        return np.concatenate(out)
+
+    @staticmethod
+    def grr_pair_probabilities(own: np.ndarray, n_keys: int, epsilon: float) -> np.ndarray:
+        """``grr_pairs``' reports (pair ``2 index + (x > 0)``) given the
+        distribution ``own`` of the user's own pair."""
+        grr = GRR(2 * n_keys, epsilon)
+        return own * grr.p + (1 - own) * grr.q
+
     def candidate_index(self, users: UserBatch, state: ProtocolState):
         """Each pair's candidate rank (-1 outside ``TKS``)."""
         return state.broadcast.astype(np.int64)[users.keys] if len(users.keys) else np.zeros(0, np.int64)
@@ -296,7 +338,7 @@ class KSGRR(_KeyStrategyProtocol):
         inside = rank >= 0
         x = np.where(inside, discretise(value, rng), np.where(rng.random(len(rank)) < 0.5, 1, -1))
         index = np.where(inside, rank, self.n_candidates)          # ⊥ is the last key of K'
-        reports = grr_pairs(index, x, self.n_candidates + 1, self.epsilon, rng)
+        reports = grr_pairs(index, x, self.n_candidates + 1, self.ledger.round_epsilon(round_index), rng)
         return ReportBatch(reports.offsets, reports.positions, reports.symbols, users.batch_id)
 
     def accumulate_round(self, round_index, counts, reports):
@@ -305,6 +347,23 @@ class KSGRR(_KeyStrategyProtocol):
             counts[1:] += self.olh.support(reports.a, reports.b, reports.values)
             return counts
         return accumulate_symbols(counts, reports, self.n_candidates + 1, (1, -1))
+
+    def output_probabilities(self, pairs, round_index: int = 0, state=None) -> np.ndarray:
+        """Round 1: OLH of one sampled pair's key. Round 2: GRR over the
+        candidate pairs and ⊥ (pairs outside the candidates, and users
+        without pairs, send ⊥ with a fair sign)."""
+        if round_index == 0:
+            return self.olh_probabilities(self.olh, self.one_pair_distribution(pairs))
+        bottom = self.n_candidates
+        own = np.zeros(2 * (bottom + 1))
+        rank = state.broadcast.astype(np.int64)
+        for k, v in pairs or [(None, 0.0)]:
+            w = 1.0 / max(len(pairs), 1)
+            if k is not None and rank[k] >= 0:
+                own[2 * rank[k]:2 * rank[k] + 2] += w * np.array([(1 - v) / 2, (1 + v) / 2])
+            else:
+                own[2 * bottom:] += w * 0.5
+        return self.grr_pair_probabilities(own, bottom + 1, self.ledger.round_epsilon(round_index))
 
     def advance(self, round_index, state, counts):
         if round_index == 0:
@@ -329,7 +388,7 @@ class KSAdap(_KeyStrategyProtocol):
         # sizes |S ∩ TKS| reported by OLH over 0 … max_size (larger ones are
         # clipped): a padding beyond 16 would drown every pair in dummies
         self.max_size = min(self.n_candidates, MAX_ADAPTIVE_PADDING)
-        self.sizes_olh = OLH(self.max_size + 1, self.epsilon)
+        self.sizes_olh = OLH(self.max_size + 1, self.ledger.round_epsilon(1))
 
     def round_counts_size(self, round_index: int) -> int:
         if round_index == 0:
@@ -351,7 +410,7 @@ class KSAdap(_KeyStrategyProtocol):
                                                                     minlength=users.n_users))]),
                          self.candidate_index(users, state)[inside], users.values[inside], users.batch_id)
         key, x = padding_and_sampling(mine, self.n_candidates, l, rng)
-        reports = grr_pairs(key, x, self.n_candidates + l, self.epsilon, rng)
+        reports = grr_pairs(key, x, self.n_candidates + l, self.ledger.round_epsilon(round_index), rng)
         return ReportBatch(reports.offsets, reports.positions, reports.symbols, users.batch_id)
 
     def accumulate_round(self, round_index, counts, reports):
@@ -361,6 +420,23 @@ class KSAdap(_KeyStrategyProtocol):
             counts[1:] += oracle.support(reports.a, reports.b, reports.values)
             return counts
         return accumulate_symbols(counts, reports, self.n_candidates + self.max_size, (1, -1))
+
+    def output_probabilities(self, pairs, round_index: int = 0, state=None) -> np.ndarray:
+        """Round 1: OLH of one sampled pair's key. Round 2: OLH of the
+        (clipped) number of candidate keys held. Round 3: padding-and-sampling
+        of the candidate pairs with the chosen ``l``, then GRR over the
+        ``n_candidates + l`` keys' pairs."""
+        if round_index == 0:
+            return self.olh_probabilities(self.olh, self.one_pair_distribution(pairs))
+        rank = state.broadcast.astype(np.int64)
+        mine = [(int(rank[k]), v) for k, v in pairs if rank[k] >= 0]
+        if round_index == 1:
+            size = np.zeros(self.max_size + 1)
+            size[min(len(mine), self.max_size)] = 1.0
+            return self.olh_probabilities(self.sizes_olh, size)
+        l = int(state.get("padding"))
+        own = padding_sampling_distribution(mine, self.n_candidates, l).ravel()
+        return self.grr_pair_probabilities(own, self.n_candidates + l, self.ledger.round_epsilon(round_index))
 
     def choose_padding(self, counts: np.ndarray) -> int:
         """Smallest ``l >= 1`` whose estimated cumulative share of users with

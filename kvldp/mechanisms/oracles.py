@@ -36,6 +36,16 @@ def _check(d: int, epsilon: float):
         raise ValueError(f"epsilon must be a positive finite number, got {epsilon}")
 
 
+def randomized_response(items: np.ndarray, d: int, p: float, rng: np.random.Generator):
+    """The one GRR draw every mechanism uses: keep each item of ``[0, d)``
+    w.p. ``p``, else report a uniformly random *other* item. Returns
+    ``(kept, reports)`` (PCKV-GRR perturbs the value depending on ``kept``)."""
+    items = np.asarray(items, dtype=np.int64)
+    kept = rng.random(len(items)) < p
+    other = rng.integers(0, d - 1, size=len(items))
+    return kept, np.where(kept, items, other + (other >= items))
+
+
 @dataclasses.dataclass(frozen=True)
 class _Oracle:
     d: int
@@ -77,11 +87,7 @@ class GRR(_Oracle):
         return 1.0 / (math.exp(self.epsilon) + self.d - 1)
 
     def perturb(self, items: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        items = np.asarray(items, dtype=np.int64)
-        keep = rng.random(len(items)) < self.p
-        other = rng.integers(0, self.d - 1, size=len(items))
-        other = other + (other >= items)
-        return np.where(keep, items, other)
+        return randomized_response(items, self.d, self.p, rng)[1]
 
     def support(self, reports: np.ndarray) -> np.ndarray:
         return np.bincount(reports, minlength=self.d)
@@ -173,11 +179,7 @@ class OLH(_Oracle):
         n = len(items)
         a = rng.integers(1, _HASH_PRIME, size=n, dtype=np.int64)
         b = rng.integers(0, _HASH_PRIME, size=n, dtype=np.int64)
-        hashed = self.hash(a, b, items)
-        keep = rng.random(n) < self.p
-        other = rng.integers(0, self.g - 1, size=n)
-        other = other + (other >= hashed)
-        return a, b, np.where(keep, hashed, other)
+        return a, b, randomized_response(self.hash(a, b, items), self.g, self.p, rng)[1]
 
     def support(self, a, b, values, chunk: int = 4096) -> np.ndarray:
         """Support counts, evaluating every report's hash on every item in

@@ -41,9 +41,10 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .base import Estimates, ReportBatch, UserBatch, with_statuses
+from .oracles import randomized_response
 from .protocol import Mechanism
 from .randomness import bernoulli_positions
-from .sampling import padding_and_sampling
+from .sampling import padding_and_sampling, padding_sampling_distribution
 
 CLIP_PAPER = "paper"      # n1*, n2* in [0, N]  (Algorithm 4)
 CLIP_MATLAB = "matlab"    # n1*, n2* in [1, N]  (the authors' PCKV_UE.m / PCKV_GRR.m)
@@ -184,21 +185,9 @@ class _PCKV(Mechanism):
     def sampling_distribution(self, pairs: Sequence[tuple[int, float]]) -> np.ndarray:
         """P(sampled key = k, x = ±1) for one user, shape ``(d', 2)`` with
         column 0 for ``x = -1`` and column 1 for ``x = +1``."""
-        dp, l = self.params.d_prime, self.l
-        out = np.zeros((dp, 2))
-        s = len(pairs)
-        eta = s / max(s, l) if s else 0.0
-        for k, v in pairs:
-            out[k] += eta / s * np.array([(1 - v) / 2, (1 + v) / 2])
-        out[self.d:] += (1 - eta) / l * 0.5
-        return out
+        return padding_sampling_distribution(pairs, self.d, self.l)
 
     def all_outputs(self):
-        raise NotImplementedError
-
-    def output_probabilities(self, pairs: Sequence[tuple[int, float]]) -> np.ndarray:
-        """Exact probability of every report in ``all_outputs()`` for a user
-        holding ``pairs`` (small domains only)."""
         raise NotImplementedError
 
 
@@ -253,7 +242,7 @@ class PCKVUE(_PCKV):
         """Every ternary vector over ``d'`` positions, shape ``(3^d', d')``."""
         return np.array(list(itertools.product((-1, 0, 1), repeat=self.params.d_prime)), dtype=np.int8)
 
-    def output_probabilities(self, pairs) -> np.ndarray:
+    def output_probabilities(self, pairs, round_index: int = 0, state=None) -> np.ndarray:
         P = self.params
         ys = self.all_outputs().astype(np.float64)
         other = np.where(ys == 0, 1 - P.b, P.b / 2)          # P(y_j | j not sampled)
@@ -301,13 +290,11 @@ class PCKVGRR(_PCKV):
         P = self.params
         n = users.n_users
         keys, x = padding_and_sampling(users, self.d, self.l, rng)
-        keep = rng.random(n) < P.a
-        other = rng.integers(0, P.d_prime - 1, size=n)
-        other = other + (other >= keys)
+        keep, reported = randomized_response(keys, P.d_prime, P.a, rng)
         kept_sign = np.where(rng.random(n) < P.p, x, -x)
         fair_sign = np.where(rng.random(n) < 0.5, 1, -1)
         return ReportBatch(
-            np.arange(n + 1), np.where(keep, keys, other),
+            np.arange(n + 1), reported,
             np.where(keep, kept_sign, fair_sign).astype(np.int8), users.batch_id,
         )
 
@@ -315,7 +302,7 @@ class PCKVGRR(_PCKV):
         """Every ``(key, sign)`` report, shape ``(2 d', 2)``."""
         return np.array([(k, s) for k in range(self.params.d_prime) for s in (-1, 1)], dtype=np.int64)
 
-    def output_probabilities(self, pairs) -> np.ndarray:
+    def output_probabilities(self, pairs, round_index: int = 0, state=None) -> np.ndarray:
         P = self.params
         samp = self.sampling_distribution(pairs)
         outs = self.all_outputs()

@@ -40,6 +40,7 @@ from typing import Mapping
 import numpy as np
 
 from .base import Estimates, ReportBatch, UserBatch, with_statuses
+from .budget import Share
 from .protocol import Mechanism
 from .sampling import discretise, uniform_key_sampling
 from .symbols import accumulate_symbols, symbol_stack
@@ -173,13 +174,19 @@ class _LPPMechanism(Mechanism):
     fake = FAKE_UNIFORM
 
     def __init__(self, d: int, epsilon: float, key_share: float = 0.5):
-        super().__init__(d, epsilon)
         if not 0.0 < key_share < 1.0:
             raise ValueError(f"key_share must be in (0, 1), got {key_share}")
         self.key_share = float(key_share)
-        self.eps1 = self.epsilon * self.key_share
-        self.eps2 = self.epsilon - self.eps1
+        super().__init__(d, epsilon)
+        self.eps1 = self.ledger.round_epsilon(0, "key")
+        self.eps2 = self.ledger.round_epsilon(0, "value")
         self.p1, self.p2 = rr_keep(self.eps1), rr_keep(self.eps2)
+
+    def budget_shares(self) -> list[Share]:
+        """LPP's sequential composition: ``eps1 = key_share eps`` on the key
+        bit, ``eps2 = eps - eps1`` on the value."""
+        eps1 = self.epsilon * self.key_share
+        return [Share(0, "key", eps1), Share(0, "value", self.epsilon - eps1)]
 
     def config(self, round_index: int | None = None) -> Mapping:
         return {**super().config(), "key_share": self.key_share}
@@ -209,7 +216,7 @@ class _LPPMechanism(Mechanism):
             n_reports=int(stack.sum()), mechanism=self.name, epsilon=self.epsilon,
             no_reports=M == 0, mean_not_estimable=not_positive, mean_biased=self.mean_biased)
 
-    def output_probabilities(self, pairs) -> np.ndarray:
+    def output_probabilities(self, pairs, round_index: int = 0, state=None) -> np.ndarray:
         """Exact report distribution (privacy audits): see :func:`lpp_output_probabilities`."""
         return lpp_output_probabilities(pairs, self.d, self.p1, self.p2, self.fake)
 

@@ -31,10 +31,26 @@ from typing import Mapping
 
 import numpy as np
 
-from .base import STATUS_NO_REPORTS, STATUS_OK, Estimates, ReportBatch, UserBatch, validated_domain, with_statuses
+from .base import (
+    STATUS_NO_REPORTS,
+    STATUS_OK,
+    ReportBatch,
+    UserBatch,
+    validated_domain,
+    with_statuses,
+)
 from .budget import BudgetLedger, Share
-from .privkv import (FAKE_UNIFORM, lpp_accumulate, lpp_frequency, lpp_frequency_variance, lpp_perturb, lpp_split,
-                     privkv_mean, rr_keep)
+from .privkv import (
+    FAKE_UNIFORM,
+    lpp_accumulate,
+    lpp_frequency,
+    lpp_frequency_variance,
+    lpp_output_probabilities,
+    lpp_perturb,
+    lpp_split,
+    privkv_mean,
+    rr_keep,
+)
 from .protocol import Protocol, ProtocolState
 
 
@@ -82,6 +98,11 @@ class _LPPRounds(Protocol):
             return self.empty_reports(round_index, users.batch_id)
         return lpp_perturb(users, self.d, self.p1(round_index), self.p2(round_index),
                            self.fake(round_index, state), rng)
+
+    def output_probabilities(self, pairs, round_index: int = 0, state=None) -> np.ndarray:
+        """LPP's report distribution with round ``round_index``'s budget and fake values."""
+        return lpp_output_probabilities(pairs, self.d, self.p1(round_index), self.p2(round_index),
+                                        self.fake(round_index, state))
 
     def round_counts_size(self, round_index: int) -> int:
         return 1 + 3 * self.d

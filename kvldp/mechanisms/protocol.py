@@ -171,6 +171,15 @@ class Protocol(abc.ABC):
         rounds differ)."""
         return self.report_type
 
+    @abc.abstractmethod
+    def output_probabilities(self, pairs: Sequence[tuple[int, float]], round_index: int = 0,
+                             state: ProtocolState | None = None) -> np.ndarray:
+        """Exact probability of every possible report of round ``round_index``
+        (one fixed enumeration, the same for every user) for a user holding
+        ``pairs`` ``[(key, v), …]``, given the state the round starts from:
+        what the exact privacy audit compares across users. Small domains
+        only."""
+
     def report_shape(self, round_index: int = 0) -> dict:
         """What the report type's ``from_records`` needs besides the records."""
         return {}
@@ -244,12 +253,13 @@ class Mechanism(Protocol):
 
     def __init__(self, d: int, epsilon: float):
         self.d, self.epsilon = validated_domain(d, epsilon)
+        self.ledger = BudgetLedger.of(self.epsilon, self.budget_shares())
 
-    @property
-    def ledger(self) -> BudgetLedger:
-        """The whole budget on the one report (mechanisms that split it
-        override this with their split)."""
-        return BudgetLedger.of(self.epsilon, [Share(0, "pair", self.epsilon)])
+    def budget_shares(self) -> list[Share]:
+        """How the report spends epsilon: the whole budget on the pair, unless
+        the mechanism splits it (PrivKV's key/value, F2M's halves), in which
+        case its probabilities are computed from these shares."""
+        return [Share(0, "pair", self.epsilon)]
 
     # -- client ---------------------------------------------------------
     @abc.abstractmethod

@@ -24,8 +24,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .truth import exact_sums
 from .cells import state_index
+from .truth import exact_sums
 
 HELD = (0, 2)
 NOT_HELD = (1,)

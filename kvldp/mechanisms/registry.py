@@ -8,13 +8,12 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
-from .protocol import Mechanism
+from .ioh import ioh_factory
+from .kskv import KSGRR, KSUE, KSAdap
 from .pckv import PCKVGRR, PCKVUE
 from .privkv import PrivKV, PrivKVA, PrivKVMVirtual
 from .privkvm import PrivKVM, PrivKVMPlus
-from .protocol import Protocol
-from .ioh import ioh_factory
-from .kskv import KSGRR, KSUE, KSAdap
+from .protocol import Mechanism, Protocol
 from .sun import F2M, KVOH, KVUE
 
 MECHANISMS: dict[str, Callable[..., Mechanism | Protocol]] = {

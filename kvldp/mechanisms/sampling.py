@@ -11,6 +11,8 @@ All functions are vectorised over a ``UserBatch``; none loops over users.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 from .base import UserBatch
@@ -46,6 +48,20 @@ def padding_and_sampling(users: UserBatch, d: int, l: int, rng: np.random.Genera
     else:
         keys, values = dummy, np.zeros(n)
     return keys.astype(np.int64), discretise(values, rng)
+
+
+def padding_sampling_distribution(pairs: Sequence[tuple[int, float]], d: int, l: int) -> np.ndarray:
+    """P(sampled key = k, x = ±1) of :func:`padding_and_sampling` for one
+    user holding ``pairs``, shape ``(d + l, 2)``: column 0 for ``x = -1``,
+    column 1 for ``x = +1``. A real pair w.p. ``|S| / max(|S|, l)``, each
+    equally likely; else one of the ``l`` dummies with a fair sign."""
+    out = np.zeros((d + l, 2))
+    s = len(pairs)
+    eta = s / max(s, l) if s else 0.0
+    for k, v in pairs:
+        out[k] += eta / s * np.array([(1 - v) / 2, (1 + v) / 2])
+    out[d:] += (1 - eta) / l * 0.5
+    return out
 
 
 def uniform_key_sampling(users: UserBatch, d: int, rng: np.random.Generator):

@@ -40,8 +40,9 @@ from typing import Mapping
 import numpy as np
 
 from .base import Estimates, ReportBatch, UserBatch, with_statuses
-from .protocol import Mechanism
+from .budget import Share
 from .privkv import rr_keep
+from .protocol import Mechanism
 from .sampling import discretise, uniform_key_sampling
 from .symbols import accumulate_symbols, symbol_stack
 from .variance import mixture_probabilities, multinomial_delta_variance
@@ -115,7 +116,7 @@ class _StateMechanism(Mechanism):
         """P(symbol | the user's state for key ``j``), over ``self.symbols``."""
         raise NotImplementedError
 
-    def output_probabilities(self, pairs) -> np.ndarray:
+    def output_probabilities(self, pairs, round_index: int = 0, state=None) -> np.ndarray:
         """Exact distribution of ``(j, symbol)`` (``j``-major) for a user holding
         ``pairs`` with values at the vertices ``±1`` (privacy audits)."""
         held = dict(pairs)
@@ -223,8 +224,12 @@ class F2M(_StateMechanism):
         if not -1.0 <= default_value <= 1.0:
             raise ValueError(f"the default value must be in [-1, 1], got {default_value}")
         self.default_value = float(default_value)
-        self.p1 = rr_keep(self.epsilon / 2)
-        self.p2 = rr_keep(self.epsilon / 2)
+        self.p1 = rr_keep(self.ledger.round_epsilon(0, "key"))
+        self.p2 = rr_keep(self.ledger.round_epsilon(0, "value"))
+
+    def budget_shares(self) -> list[Share]:
+        """Alg. 3: ``eps1 = eps2 = eps/2`` on the key bit and the value bit."""
+        return [Share(0, "key", self.epsilon / 2), Share(0, "value", self.epsilon / 2)]
 
     def config(self, round_index: int | None = None) -> Mapping:
         return {**super().config(), "default_value": self.default_value}

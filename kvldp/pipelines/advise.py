@@ -24,9 +24,19 @@ import math
 import numpy as np
 
 from kvldp.mechanisms import registry
-from kvldp.mechanisms.padding import DEFAULT_COVERAGE, MAX_PADDING, check_padding, choose_padding
+from kvldp.mechanisms.padding import (
+    DEFAULT_COVERAGE,
+    MAX_PADDING,
+    check_padding,
+    choose_padding,
+)
 from kvldp.pipelines import common
-from kvldp.pipelines.padding import data_set_sizes, describe_sizes, parse_set_sizes, warn_truncation
+from kvldp.pipelines.padding import (
+    data_set_sizes,
+    describe_sizes,
+    parse_set_sizes,
+    warn_truncation,
+)
 
 CANDIDATES = ("pckv-ue", "pckv-grr", "ks-ue")
 

@@ -16,12 +16,17 @@ from typing import Sequence
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import (
+    DirectOptions,
+    GoogleCloudOptions,
+    PipelineOptions,
+    StandardOptions,
+)
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
+from kvldp.datasets import Dataset, SyntheticDataset, load_clothing, load_movielens_100k
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
-from kvldp.datasets import Dataset, SyntheticDataset, load_clothing, load_movielens_100k
 from kvldp.mechanisms.padding import merge_histograms, size_histogram
 from kvldp.mechanisms.randomness import fresh_seed
 from kvldp.transforms.ratings import DEAD_LETTER, ReadRatings

@@ -7,11 +7,11 @@ from typing import Sequence
 import apache_beam as beam
 from apache_beam.pvalue import AsSingleton
 
+from kvldp import schemas
 from kvldp.mechanisms.base import Estimates
 from kvldp.mechanisms.protocol import Protocol
-from kvldp.mechanisms.truth import truth_counts, truth_from_counts
-from kvldp import schemas
 from kvldp.mechanisms.query import pattern_truth
+from kvldp.mechanisms.truth import truth_counts, truth_from_counts
 from kvldp.schemas.records import estimate_records, ioh_counts_record
 from kvldp.transforms.accumulate import ArraySumCombineFn
 from kvldp.transforms.rounds import CollectRound, RunProtocol

@@ -47,10 +47,16 @@ from typing import Sequence
 import apache_beam as beam
 import numpy as np
 
-from kvldp.mechanisms import registry
 from kvldp.datasets import Dataset, InMemoryDataset
-from kvldp.mechanisms.padding import (DEFAULT_COVERAGE, PaddingCheck, check_padding, choose_padding, merge_histograms,
-                                size_histogram)
+from kvldp.mechanisms import registry
+from kvldp.mechanisms.padding import (
+    DEFAULT_COVERAGE,
+    PaddingCheck,
+    check_padding,
+    choose_padding,
+    merge_histograms,
+    size_histogram,
+)
 from kvldp.pipelines import common
 
 

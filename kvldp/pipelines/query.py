@@ -17,7 +17,14 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from kvldp.mechanisms.ioh import calibrate_cells
-from kvldp.mechanisms.query import CellTable, axis_of, parse_alpha_beta, parse_given, parse_query, true_conditional
+from kvldp.mechanisms.query import (
+    CellTable,
+    axis_of,
+    parse_alpha_beta,
+    parse_given,
+    parse_query,
+    true_conditional,
+)
 
 
 @dataclasses.dataclass

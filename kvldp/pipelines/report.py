@@ -14,7 +14,6 @@ from kvldp import schemas
 from kvldp.mechanisms import metrics
 from kvldp.transforms.io import format_of
 
-
 TEXT_FIELDS = ("key", "mechanism", "frequency_status", "mean_status")
 
 

@@ -24,9 +24,15 @@ from kvldp.pipelines import common, report
 from kvldp.pipelines.graphs import collect_graph, ioh_counts_file
 from kvldp.pipelines.padding import padding_from_reports, resolve_padding
 from kvldp.schemas.records import broadcast_records, state_from_broadcast
-from kvldp.transforms.io import ReadReports, WriteEstimates, WriteReports, check_report_files, report_config
-from kvldp.transforms.ratings import write_dead_letters
+from kvldp.transforms.io import (
+    ReadReports,
+    WriteEstimates,
+    WriteReports,
+    check_report_files,
+    report_config,
+)
 from kvldp.transforms.perturb import Perturb
+from kvldp.transforms.ratings import write_dead_letters
 
 
 def report_prefix(output: str) -> str:

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from kvldp import schemas
 from kvldp.mechanisms.base import Estimates
 from kvldp.mechanisms.protocol import Collection, ProtocolState
 
