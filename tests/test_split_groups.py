@@ -25,8 +25,8 @@ import pytest
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.protocol import Collection, Protocol
 from kvldp.pipelines import cli
-from kvldp.schemas.records import olh_reports_from_records, reports_from_records
 from kvldp.pipelines.split import read_broadcast
+from kvldp.schemas.records import olh_reports_from_records, reports_from_records
 
 N_USERS = 240
 EPS = 30.0
