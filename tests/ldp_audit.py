@@ -14,13 +14,18 @@ import math
 import numpy as np
 
 
+def keep(eps: float) -> float:
+    """Randomised response keep probability ``e^eps/(e^eps+1)``, written out."""
+    return math.exp(eps) / (math.exp(eps) + 1)
+
+
 def all_users(d: int):
     """Every key set ``S ⊆ {0..d-1}`` (empty and large sets included) with
     every ±1 assignment: ``3^d`` users as ``[(key, value), …]``."""
     for r in range(d + 1):
         for keys in itertools.combinations(range(d), r):
             for vals in itertools.product((-1.0, 1.0), repeat=r):
-                yield list(zip(keys, vals))
+                yield list(zip(keys, vals, strict=True))
 
 
 def log_worst_ratio(P) -> float:

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from kvldp import schemas
-from kvldp.mechanisms import registry
 from kvldp.datasets import SyntheticDataset
+from kvldp.mechanisms import registry
 from kvldp.mechanisms.local import run_local
 from kvldp.pipelines import cli
 from kvldp.pipelines.report import read_estimates
@@ -32,7 +32,7 @@ def test_simulate_writes_every_field_and_matches_local_runner(tmp_path, capsys):
     got = _by_key(records)
     assert np.array_equal([got[str(k)]["frequency"] for k in range(20)], local.estimates.frequency)
     assert np.array_equal([got[str(k)]["mean"] for k in range(20)], local.estimates.mean)
-    f, m = local.true_values(20)
+    f, _ = local.true_values(20)
     assert np.allclose([got[str(k)]["true_frequency"] for k in range(20)], f)
 
 

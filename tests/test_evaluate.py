@@ -34,9 +34,9 @@ def test_tiny_sweep_csv_and_figures(tmp_path, capsys):
                 ("ncr", "top5"), ("mse_frequency_found", "top5"), ("mse_mean_found", "top5")}
     expected |= {(f"{metric}_{what}", "all") for what in ("frequency", "mean")
                  for metric in ("coverage", "coverage_clipped", "scored", "se_zero", "null", "null_se")}
-    for c, rs in per_cell.items():
+    for rs in per_cell.values():
         assert {(r["metric"], r["key_set"]) for r in rs} == expected
-    for c, rs in per_cell.items():
+    for rs in per_cell.values():
         ncr = next(float(r["value"]) for r in rs if r["metric"] == "ncr")
         for r in rs:
             if r["metric"].endswith("_found"):
@@ -87,7 +87,7 @@ def test_tiny_sweep_csv_and_figures(tmp_path, capsys):
 def test_presets_name_known_mechanisms():
     from kvldp.mechanisms import registry
 
-    for name, preset in PRESETS.items():
+    for preset in PRESETS.values():
         for mech in preset["mechanisms"].split(","):
             registry.factory(mech)
         assert [float(e) for e in preset["epsilons"].split(",")]

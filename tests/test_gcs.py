@@ -32,13 +32,13 @@ pytest.importorskip(
     reason="gcp-storage-emulator is not installed (pip install -e '.[test]'); "
            "the gs:// tests need a local GCS emulator and never use the real service")
 
-from apache_beam.internal.gcp import auth  # noqa: E402
-from apache_beam.io.filesystems import FileSystems  # noqa: E402
-from gcp_storage_emulator.server import create_server  # noqa: E402
-from google.cloud import storage  # noqa: E402
+from apache_beam.internal.gcp import auth
+from apache_beam.io.filesystems import FileSystems
+from gcp_storage_emulator.server import create_server
+from google.cloud import storage
 
-from kvldp.pipelines import cli  # noqa: E402
-from kvldp.pipelines.report import read_estimates  # noqa: E402
+from kvldp.pipelines import cli
+from kvldp.pipelines.report import read_estimates
 
 BUCKET = "bucket"
 ITEMS = [f"m{k}" for k in range(5)]
@@ -159,7 +159,7 @@ def test_perturb_then_collect_through_gs(gcs, local_reference, capsys):
     _upload_ratings(gcs)
     assert cli.main(["perturb", *MECH, "--dataset", f"gs://{BUCKET}/ratings.csv", *DATA,
                      "--output", f"gs://{BUCKET}/rep/R.avro"]) == 0
-    (read, acc, rej), line = _row_summary(capsys.readouterr().out)
+    (_, acc, rej), line = _row_summary(capsys.readouterr().out)
     assert (acc, rej) == (len(GOOD_ROWS), len(BAD_ROWS)), line
     names = _names(gcs, "rep/")
     reports = [n for n in names if n.startswith("rep/R-") and n.endswith(".avro")]

@@ -65,7 +65,7 @@ def test_no_module_cycle():
         path.append(m)
         for n in sorted(GRAPH.get(m, ())):
             if state.get(n) == 1:
-                pytest.fail("import cycle: " + " -> ".join(path[path.index(n):] + [n]))
+                pytest.fail("import cycle: " + " -> ".join([*path[path.index(n):], n]))
             if n in GRAPH and not state.get(n):
                 visit(n)
         path.pop()

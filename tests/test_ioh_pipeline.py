@@ -8,8 +8,8 @@ import fastavro
 import numpy as np
 import pytest
 
-from kvldp.mechanisms import registry
 from kvldp.datasets import SyntheticDataset
+from kvldp.mechanisms import registry
 from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.query import CellTable
 from kvldp.pipelines import cli, common
@@ -105,7 +105,7 @@ def test_key_frequencies_of_a_ratings_file_are_exact(tmp_path):
     """--ioh-top on a ratings file: the ingest pre-pass counts every key's
     holders exactly (the keys of rejected rows are not counted)."""
     rng = np.random.default_rng(3)
-    rows = {(f"u{u}", f"i{i}") for u, i in zip(rng.integers(0, 300, 2_000), rng.zipf(1.5, 2_000) % 12)}
+    rows = {(f"u{u}", f"i{i}") for u, i in zip(rng.integers(0, 300, 2_000), rng.zipf(1.5, 2_000) % 12, strict=True)}
     lines = [f"{u},{i},{rng.integers(1, 6)}" for u, i in sorted(rows)] + ["u0,i3,9"]      # 9: out of range
     path = tmp_path / "r.csv"
     path.write_text("user,item,rating\n" + "\n".join(lines) + "\n")

@@ -10,8 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from kvldp.mechanisms.oracles import GRR, OLH, OUE, SUE, _HASH_PRIME
+from kvldp.mechanisms.oracles import _HASH_PRIME, GRR, OLH, OUE, SUE
 from kvldp.mechanisms.randomness import batch_rng
+from tolerances import Z, binomial_sigma, binomial_z
 
 ORACLES = {"GRR": GRR, "SUE": SUE, "OUE": OUE, "OLH": OLH}
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
@@ -76,14 +77,14 @@ def test_unary_encoding_exact_privacy(cls, eps):
     assert math.log(worst) == pytest.approx(eps, rel=1e-12)
 
 
-@pytest.mark.parametrize("eps", EPSILONS + (0.1, 6.0))
+@pytest.mark.parametrize("eps", [*EPSILONS, 0.1, 6.0])
 def test_olh_exact_privacy(eps):
     """OLH: the hash (a, b) is drawn independently of the item, so privacy is
     that of GRR over g values: P(y|h) = p if y == h else (1-p)/(g-1); the
     worst ratio is exactly e^eps. Also g = round(e^eps) + 1 (at least 2)."""
     o = OLH(10, eps)
     g = o.g
-    assert g == max(2, int(round(math.exp(eps))) + 1)
+    assert g == max(2, round(math.exp(eps)) + 1)
     other = (1 - o.p) / (g - 1)
     assert other == pytest.approx(1 / (math.exp(eps) + g - 1), rel=1e-12)
     M = np.where(np.eye(g, dtype=bool), o.p, other)
@@ -104,9 +105,8 @@ def test_perturbation_matches_p_and_q(name, item):
     items = np.full(n, item)
     sup = support_by_group(o, items, 1, batch_rng(11, item))[0]
     expect = np.where(np.arange(d) == item, o.p, o.q)
-    sigma = np.sqrt(expect * (1 - expect) / n)
-    z = (sup / n - expect) / sigma
-    assert np.all(np.abs(z) < 4.5), z
+    z = binomial_z(sup / n, expect, n)
+    assert np.all(np.abs(z) < Z), z
 
 
 @pytest.mark.parametrize("name", ["SUE", "OUE"])
@@ -127,7 +127,7 @@ def test_unary_encoding_reports_are_well_formed_and_bits_independent(name):
     for i, j in [(item, 0), (item, d - 1), (0, 1), (3, 5)]:
         expect = marg[i] * marg[j]
         got = np.mean(bits[:, i] & bits[:, j])
-        assert abs(got - expect) < 4.5 * math.sqrt(expect * (1 - expect) / n), (i, j, got, expect)
+        assert abs(got - expect) < Z * binomial_sigma(expect, n), (i, j, got, expect)
 
 
 def test_olh_perturbation_matches_grr_over_g():
@@ -141,8 +141,7 @@ def test_olh_perturbation_matches_grr_over_g():
     shift = (v - o.hash(a, b, np.full(n, item))) % o.g   # 0 = kept
     freq = np.bincount(shift, minlength=o.g) / n
     expect = np.array([o.p] + [(1 - o.p) / (o.g - 1)] * (o.g - 1))
-    sigma = np.sqrt(expect * (1 - expect) / n)
-    assert np.all(np.abs(freq - expect) < 4.5 * sigma), (freq, expect)
+    assert np.all(np.abs(freq - expect) < Z * binomial_sigma(expect, n)), (freq, expect)
 
 
 # ----------------------------------------------- unbiasedness, variance --
@@ -159,7 +158,7 @@ def test_estimate_is_unbiased(name, eps):
     sup = support_by_group(o, items, 1, rng)[0]
     f_hat = o.estimate(sup, n) / n
     z = (f_hat - f) / np.sqrt(o.variance(n, f))
-    assert np.all(np.abs(z) < 4.5), z
+    assert np.all(np.abs(z) < Z), z
 
 
 @pytest.mark.parametrize("eps", [1.0, 4.0])
@@ -198,7 +197,7 @@ def test_unary_encoding_handles_very_large_epsilon():
     offsets, positions = o.perturb(np.arange(n) % d, batch_rng(14, 0))
     owner = np.repeat(np.arange(n), np.diff(offsets))
     assert np.all(positions == owner % d)        # only true bits can be set
-    assert abs(len(positions) - n / 2) < 4.5 * math.sqrt(n / 4)
+    assert abs(len(positions) - n / 2) < Z * math.sqrt(n / 4)
 
 
 # ------------------------------------------------------------ validation --

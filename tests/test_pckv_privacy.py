@@ -21,10 +21,11 @@ only meaningful if it describes the distribution the client really draws.
 import numpy as np
 import pytest
 
-from kvldp.mechanisms.base import UserBatch
 from kvldp.mechanisms.pckv import PCKVGRR, PCKVUE, PCKVParams
 from kvldp.mechanisms.randomness import batch_rng
 from ldp_audit import all_users, check_vertex_argument, log_worst_ratio
+from tolerances import assert_counts_match
+from user_batches import identical_users
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
 # UE enumerates 3^(d+l) outputs: keep d + l <= 5.
@@ -100,20 +101,6 @@ def test_output_probabilities_affine_in_values(cls):
 
 
 # ----------------------------------------- perturb draws that distribution --
-def _identical_users(pairs, n):
-    keys = np.tile([k for k, _ in pairs], n).astype(np.int64)
-    values = np.tile([v for _, v in pairs], n).astype(np.float64)
-    return UserBatch(np.arange(n + 1) * len(pairs), keys, values)
-
-
-def _assert_matches(counts, probs, n):
-    """Every output's empirical frequency within 4.5 binomial sigma."""
-    assert n * probs.min() > 50, "too few expected counts for a normal approximation"
-    sigma = np.sqrt(probs * (1 - probs) / n)
-    z = (counts / n - probs) / sigma
-    assert np.all(np.abs(z) < 4.5), (np.abs(z).max(), int(np.abs(z).argmax()))
-
-
 UE_USERS = [[(0, 0.5), (2, -1.0)], [(0, 0.2), (1, -0.6), (2, 1.0)], []]
 
 
@@ -124,7 +111,7 @@ def test_pckv_ue_perturb_matches_output_probabilities(pairs):
     d, l, eps, n = 3, 2, 0.5, 200_000
     mech = PCKVUE(d, eps, padding=l)
     dp = mech.params.d_prime
-    reports = mech.perturb(_identical_users(pairs, n), batch_rng(41, len(pairs)))
+    reports = mech.perturb(identical_users(pairs, n), batch_rng(41, len(pairs)))
     assert reports.n_reports == n
     assert set(np.unique(reports.symbols)) <= {-1, 1}
     owner = np.repeat(np.arange(n), np.diff(reports.offsets))
@@ -135,7 +122,7 @@ def test_pckv_ue_perturb_matches_output_probabilities(pairs):
     outputs = mech.all_outputs()
     np.testing.assert_array_equal((outputs + 1) @ weights, np.arange(len(outputs)))  # index map
     counts = np.bincount((y + 1) @ weights, minlength=len(outputs))
-    _assert_matches(counts, mech.output_probabilities(pairs), n)
+    assert_counts_match(counts, mech.output_probabilities(pairs), n)
 
 
 GRR_USERS = [[(1, 0.3)], [(0, -0.4), (2, 1.0), (3, 0.8)], []]
@@ -147,7 +134,7 @@ def test_pckv_grr_perturb_matches_output_probabilities(pairs):
     have the exact probabilities of output_probabilities."""
     d, l, eps, n = 4, 2, 2.0, 200_000
     mech = PCKVGRR(d, eps, padding=l)
-    reports = mech.perturb(_identical_users(pairs, n), batch_rng(42, len(pairs)))
+    reports = mech.perturb(identical_users(pairs, n), batch_rng(42, len(pairs)))
     np.testing.assert_array_equal(reports.offsets, np.arange(n + 1))
     assert set(np.unique(reports.symbols)) <= {-1, 1}
     outputs = mech.all_outputs()
@@ -156,4 +143,4 @@ def test_pckv_grr_perturb_matches_output_probabilities(pairs):
     idx = 2 * reports.positions.astype(np.int64) + (reports.symbols > 0)
     assert all(index[(k, s)] == 2 * k + (s > 0) for k, s in index)
     counts = np.bincount(idx, minlength=len(outputs))
-    _assert_matches(counts, mech.output_probabilities(pairs), n)
+    assert_counts_match(counts, mech.output_probabilities(pairs), n)

@@ -30,7 +30,7 @@ def rounds_to_audit():
     for name in registry.names():
         mech = registry.make(name, D, EPS, **OPTIONS.get(name, {}))
         run = run_local(mech, SyntheticDataset("multi", n_users=4_000, d=D, seed=5), seed=11, batch_size=1_000)
-        starts = [mech.initial_state(run.states[0].collection)] + run.states[:-1]
+        starts = [mech.initial_state(run.states[0].collection), *run.states[:-1]]
         for r, state in enumerate(starts):
             if not state.stopped:
                 yield pytest.param(mech, r, state, id=f"{name}-round{r + 1}")

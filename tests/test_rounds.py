@@ -10,8 +10,8 @@ import pytest
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import BeamAssertException, assert_that
 
-from kvldp.mechanisms import registry
 from kvldp.datasets import SyntheticDataset
+from kvldp.mechanisms import registry
 from kvldp.mechanisms.local import run_local
 from kvldp.pipelines import cli
 from kvldp.pipelines.report import read_estimates

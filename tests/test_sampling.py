@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from kvldp.mechanisms.base import UserBatch
-from kvldp.mechanisms.randomness import (STREAM_DATA, STREAM_PERTURB, batch_rng, bernoulli_positions,
-                                   fresh_seed)
+from kvldp.mechanisms.randomness import STREAM_DATA, STREAM_PERTURB, batch_rng, bernoulli_positions, fresh_seed
 from kvldp.mechanisms.sampling import discretise, padding_and_sampling, uniform_key_sampling
+from tolerances import Z_FEW, Z, binomial_sigma
 
 
 def repeat_user(pairs, times, batch_id=0):
@@ -36,7 +36,7 @@ def test_discretise_is_unbiased():
         x = discretise(np.full(n, v), rng)
         assert x.dtype == np.int8 and set(np.unique(x)) <= {-1, 1}
         sigma = math.sqrt((1 - v * v) / n)
-        assert abs(x.mean() - v) < 4 * sigma, (v, x.mean())
+        assert abs(x.mean() - v) < Z_FEW * sigma, (v, x.mean())
 
 
 def test_discretise_extremes_are_deterministic():
@@ -74,8 +74,7 @@ def test_padding_and_sampling_probabilities(case):
         expect[k] = 1 / max(s, L)
     expect[D:] = (1 - eta) / L
     freq = np.bincount(keys, minlength=D + L) / n
-    sigma = np.sqrt(expect * (1 - expect) / n)
-    assert np.all(np.abs(freq - expect) <= 4.5 * sigma), (freq, expect)
+    assert np.all(np.abs(freq - expect) <= Z * binomial_sigma(expect, n)), (freq, expect)
     # keys nobody holds are never sampled (sigma = 0 above makes this exact)
     assert np.all(freq[expect == 0] == 0)
     # signs: mean value of a real pair, a fair coin for dummies
@@ -84,10 +83,10 @@ def test_padding_and_sampling_probabilities(case):
         if abs(v) == 1:
             assert np.all(sel == v)
         else:
-            assert abs(sel.mean() - v) < 4.5 * math.sqrt((1 - v * v) / len(sel))
+            assert abs(sel.mean() - v) < Z * math.sqrt((1 - v * v) / len(sel))
     dummy = signs[keys >= D]
     if len(dummy):
-        assert abs(dummy.mean()) < 4.5 / math.sqrt(len(dummy))
+        assert abs(dummy.mean()) < Z / math.sqrt(len(dummy))
 
 
 def test_padding_and_sampling_mixed_batch_and_empty_batch():
@@ -102,7 +101,7 @@ def test_padding_and_sampling_mixed_batch_and_empty_batch():
     assert np.all(second >= D)
     assert set(np.unique(third)) <= {4, D, D + 1, D + 2}
     p4 = np.mean(third == 4)
-    assert abs(p4 - 1 / L) < 4.5 * math.sqrt(2 / 9 / n)
+    assert abs(p4 - 1 / L) < Z * math.sqrt(2 / 9 / n)
     only_empty = UserBatch(np.zeros(6, dtype=np.int64), [], [])
     keys, signs = padding_and_sampling(only_empty, D, L, batch_rng(3, 1))
     assert np.all((keys >= D) & (keys < D + L)) and len(signs) == 5
@@ -126,14 +125,14 @@ def test_uniform_key_sampling_canonical_form():
     n = batch.n_users
     assert j.shape == held.shape == values.shape == (n,)
     lookup = [dict(p) for p in users_pairs] * reps
-    exp_held = np.array([jj in u for jj, u in zip(j.tolist(), lookup)])
-    exp_vals = np.array([u.get(jj, 0.0) for jj, u in zip(j.tolist(), lookup)])
+    exp_held = np.array([jj in u for jj, u in zip(j.tolist(), lookup, strict=True)])
+    exp_vals = np.array([u.get(jj, 0.0) for jj, u in zip(j.tolist(), lookup, strict=True)])
     np.testing.assert_array_equal(held, exp_held)
     np.testing.assert_array_equal(values, exp_vals)
     assert held.any() and (~held).any()
     freq = np.bincount(j, minlength=d) / n
     assert j.min() >= 0 and j.max() < d
-    assert np.all(np.abs(freq - 1 / d) < 4.5 * math.sqrt((1 / d) * (1 - 1 / d) / n))
+    assert np.all(np.abs(freq - 1 / d) < Z * binomial_sigma(1 / d, n))
 
 
 def test_uniform_key_sampling_without_any_pairs():
@@ -152,7 +151,7 @@ def test_bernoulli_positions_shape_and_count():
         assert pos.dtype == np.int64
         assert np.all(np.diff(pos) > 0)
         assert len(pos) == 0 or (pos[0] >= 0 and pos[-1] < total)
-        assert abs(len(pos) - total * p) <= 4 * math.sqrt(total * p * (1 - p)) + 1e-9, (total, p, len(pos))
+        assert abs(len(pos) - total * p) <= Z_FEW * math.sqrt(total * p * (1 - p)) + 1e-9, (total, p, len(pos))
 
 
 def test_bernoulli_positions_edge_cases():
@@ -191,11 +190,11 @@ def test_bernoulli_positions_is_iid_per_slot(p):
     z = (hits - R * p) / sd
     chi2 = float((z ** 2).sum())
     assert abs(chi2 - total) < 5 * math.sqrt(2 * total), chi2
-    assert abs(z[0]) < 4.5 and abs(z[-1]) < 4.5
+    assert abs(z[0]) < Z and abs(z[-1]) < Z
     half = total // 2
     sd_half = math.sqrt(R * half * p * (1 - p))
-    assert abs(hits[:half].sum() - R * half * p) < 4 * sd_half
-    assert abs(hits[half:].sum() - R * half * p) < 4 * sd_half
+    assert abs(hits[:half].sum() - R * half * p) < Z_FEW * sd_half
+    assert abs(hits[half:].sum() - R * half * p) < Z_FEW * sd_half
     # sample variance of the count: relative s.e. sqrt(2/(R-1)) = 2.6%
     assert abs(sizes.var(ddof=1) / (total * p * (1 - p)) - 1) < 0.15
 

@@ -28,6 +28,7 @@ Environment:
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import hashlib
@@ -94,7 +95,7 @@ def run_watched(cmd: list[str], cwd: Path, log: Path) -> Run:
     start = time.monotonic()
     with open(f"{log}.out", "wb") as out, open(f"{log}.err", "wb") as err:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=err, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=_die_with_parent)  # noqa: PLW1509 -- only prctl, no Popen equivalent
     done, killed, polled = threading.Event(), [], [0.0]
 
     def watch():
@@ -124,17 +125,13 @@ def run_watched(cmd: list[str], cwd: Path, log: Path) -> Run:
 def _die_with_parent():
     """In the child: SIGKILL when the test process dies (its own session
     would otherwise outlive a killed pytest)."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _kill_session(sid: int):
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(sid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def kvldp(*args: str) -> list[str]:

@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 
 from kvldp.mechanisms import registry
+from kvldp.mechanisms.base import ReportBatch
+from kvldp.mechanisms.oracles import OLHReportBatch
 from kvldp.mechanisms.protocol import Collection, Protocol
 from kvldp.pipelines import cli
 from kvldp.pipelines.split import read_broadcast
-from kvldp.mechanisms.base import ReportBatch
-from kvldp.mechanisms.oracles import OLHReportBatch
 
 N_USERS = 240
 EPS = 30.0

@@ -11,17 +11,17 @@ import pytest
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import BeamAssertException, assert_that
 
+from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import UserBatch
-from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.randomness import batch_rng
 from kvldp.pipelines.common import counters
 from kvldp.pipelines.graphs import collect_graph
 from kvldp.transforms.accumulate import Accumulate, RoundCombineFn
 from kvldp.transforms.io import WriteEstimates
-from kvldp.transforms.ratings import DEAD_LETTER, ReadRatings
 from kvldp.transforms.perturb import Perturb, PerturbFn
+from kvldp.transforms.ratings import DEAD_LETTER, ReadRatings
 
 
 def _matches(expected: np.ndarray):

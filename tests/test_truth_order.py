@@ -22,11 +22,9 @@ import numpy as np
 import pytest
 
 from kvldp.datasets import SyntheticDataset
-
-from kvldp.mechanisms.truth import truth_counts
 from kvldp.mechanisms.query import pattern_truth
+from kvldp.mechanisms.truth import truth_counts
 from kvldp.pipelines.graphs import ArraySumCombineFn
-
 
 
 def _fold(fn: ArraySumCombineFn, rows):
