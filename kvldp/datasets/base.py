@@ -7,7 +7,7 @@ local run produces exactly the same users.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -63,7 +63,7 @@ class InMemoryDataset(Dataset):
     def key_names(self) -> list[str]:
         return self._key_names
 
-    def resampled(self, n_users: int, seed: int) -> "InMemoryDataset":
+    def resampled(self, n_users: int, seed: int) -> InMemoryDataset:
         """A bootstrap of ``n_users`` users drawn with replacement: large-n
         behaviour with the real data's key/value correlations (labelled)."""
         if n_users < 1:

@@ -50,7 +50,9 @@ def load_movielens_100k() -> InMemoryDataset:
     import importlib.util
 
     spec = importlib.util.find_spec("recbole")
-    path = None if spec is None else Path(spec.submodule_search_locations[0]) / "dataset_example" / "ml-100k" / "ml-100k.inter"
+    path = None
+    if spec is not None:
+        path = Path(spec.submodule_search_locations[0]) / "dataset_example" / "ml-100k" / "ml-100k.inter"
     if path is None or not path.exists():
         raise FileNotFoundError("MovieLens-100k is not installed; install it with "
                                 "`pip install --no-deps recbole==1.2.1` (see shared/data/README.md)")

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import ClassVar, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import ClassVar
 
 import numpy as np
 
@@ -57,7 +58,7 @@ class UserBatch:
         """Index of the user holding each pair."""
         return np.repeat(np.arange(self.n_users), self.sizes)
 
-    def subset(self, mask: np.ndarray) -> "UserBatch":
+    def subset(self, mask: np.ndarray) -> UserBatch:
         """The users where ``mask`` is true, in order (same batch id)."""
         mask = np.asarray(mask, dtype=bool)
         sizes = self.sizes[mask]
@@ -66,13 +67,13 @@ class UserBatch:
                          self.batch_id)
 
     @classmethod
-    def single_pair(cls, keys, values, batch_id: int = 0) -> "UserBatch":
+    def single_pair(cls, keys, values, batch_id: int = 0) -> UserBatch:
         """One pair per user."""
         keys = np.asarray(keys)
         return cls(np.arange(len(keys) + 1), keys, values, batch_id)
 
     @classmethod
-    def concat(cls, batches: Sequence["UserBatch"], batch_id: int = 0) -> "UserBatch":
+    def concat(cls, batches: Sequence[UserBatch], batch_id: int = 0) -> UserBatch:
         sizes = np.concatenate([b.sizes for b in batches]) if batches else np.zeros(0, np.int64)
         return cls(
             np.concatenate([[0], np.cumsum(sizes)]),
@@ -105,15 +106,15 @@ class Reports(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def from_records(cls, records: Sequence[dict], batch_id: int = 0, **shape) -> "Reports":
+    def from_records(cls, records: Sequence[dict], batch_id: int = 0, **shape) -> Reports:
         """Inverse of :meth:`records`."""
 
     @classmethod
     @abc.abstractmethod
-    def empty(cls, batch_id: int = 0, **shape) -> "Reports":
+    def empty(cls, batch_id: int = 0, **shape) -> Reports:
         """A batch of no reports."""
 
-    def equals(self, other: "Reports") -> bool:
+    def equals(self, other: Reports) -> bool:
         """Same type and the same arrays, bit for bit."""
         if type(self) is not type(other):
             return False
@@ -154,7 +155,7 @@ class ReportBatch(Reports):
         return len(self.offsets) - 1
 
     @classmethod
-    def concat(cls, batches: Sequence["ReportBatch"], batch_id: int = 0) -> "ReportBatch":
+    def concat(cls, batches: Sequence[ReportBatch], batch_id: int = 0) -> ReportBatch:
         sizes = np.concatenate([np.diff(b.offsets) for b in batches])
         return cls(
             np.concatenate([[0], np.cumsum(sizes)]),
@@ -164,7 +165,7 @@ class ReportBatch(Reports):
         )
 
     @classmethod
-    def empty(cls, batch_id: int = 0, **shape) -> "ReportBatch":
+    def empty(cls, batch_id: int = 0, **shape) -> ReportBatch:
         return cls(np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int8), batch_id)
 
     def records(self) -> Iterator[dict]:
@@ -176,7 +177,7 @@ class ReportBatch(Reports):
             yield {"positions": positions[lo:hi], "symbols": symbols[lo:hi]}
 
     @classmethod
-    def from_records(cls, records: Iterable[dict], batch_id: int = 0, **shape) -> "ReportBatch":
+    def from_records(cls, records: Iterable[dict], batch_id: int = 0, **shape) -> ReportBatch:
         """Validates entry counts; symbols are checked by the mechanism's
         ``accumulate`` (their meaning is its own)."""
         sizes, positions, symbols = [], [], []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 TOLERANCE = 1e-9
 
@@ -49,7 +49,7 @@ class BudgetLedger:
                                 if s.group == group))
 
     @classmethod
-    def of(cls, total: float, shares: Iterable[Share]) -> "BudgetLedger":
+    def of(cls, total: float, shares: Iterable[Share]) -> BudgetLedger:
         return cls(float(total), tuple(shares))
 
     @property
@@ -77,7 +77,6 @@ class BudgetLedger:
 
     def describe(self) -> str:
         lines = [f"budget: total eps = {self.total:g}"]
-        for s in self.shares:
-            lines.append(f"  round {s.round:>2} {s.group:>6} {s.component:>5}: {s.epsilon:.6g}")
+        lines.extend(f"  round {s.round:>2} {s.group:>6} {s.component:>5}: {s.epsilon:.6g}" for s in self.shares)
         lines.append(f"  spent per user: {self.spent():.6g}")
         return "\n".join(lines)

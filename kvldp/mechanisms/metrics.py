@@ -58,7 +58,7 @@ def coverage(estimate: np.ndarray, se: np.ndarray, truth: np.ndarray, keys=None,
     if not len(keys):
         return float("nan"), 0, zero
     covered = np.abs(estimate[keys] - truth[keys]) <= z * se[keys]
-    return float(np.mean(covered)), int(len(keys)), zero
+    return float(np.mean(covered)), len(keys), zero
 
 
 def top_t_intersection(true_frequency, est_frequency, t: int) -> np.ndarray:

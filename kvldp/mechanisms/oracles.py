@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import ClassVar, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import ClassVar
 
 import numpy as np
 
@@ -153,7 +154,7 @@ class OLH(_Oracle):
 
     @property
     def g(self) -> int:
-        return max(2, int(round(math.exp(self.epsilon))) + 1)
+        return max(2, round(math.exp(self.epsilon)) + 1)
 
     @property
     def p(self) -> float:
@@ -215,13 +216,13 @@ class OLHReportBatch(Reports):
         return len(self.values)
 
     def records(self) -> Iterator[dict]:
-        for a, b, y in zip(self.a.tolist(), self.b.tolist(), self.values.tolist()):
+        for a, b, y in zip(self.a.tolist(), self.b.tolist(), self.values.tolist(), strict=True):
             yield {"a": a, "b": b, "y": y}
 
     @classmethod
-    def from_records(cls, records: Sequence[dict], batch_id: int = 0, **shape) -> "OLHReportBatch":
+    def from_records(cls, records: Sequence[dict], batch_id: int = 0, **shape) -> OLHReportBatch:
         return cls([r["a"] for r in records], [r["b"] for r in records], [r["y"] for r in records], batch_id)
 
     @classmethod
-    def empty(cls, batch_id: int = 0, **shape) -> "OLHReportBatch":
+    def empty(cls, batch_id: int = 0, **shape) -> OLHReportBatch:
         return cls([], [], [], batch_id)

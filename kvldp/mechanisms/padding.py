@@ -35,7 +35,7 @@ so any runner can combine them. Everything here is pure NumPy.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

@@ -37,7 +37,8 @@ import dataclasses
 import hashlib
 import json
 import secrets
-from typing import Any, ClassVar, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -70,12 +71,12 @@ class Collection:
             raise ValueError(f"a collection id is 32 hex digits, got {self.id!r}")
 
     @classmethod
-    def fresh(cls, layout: str = "") -> "Collection":
+    def fresh(cls, layout: str = "") -> Collection:
         """A new collection id from the OS's CSPRNG."""
         return cls(secrets.token_hex(16), layout)
 
     @classmethod
-    def from_seed(cls, seed: int, layout: str = "") -> "Collection":
+    def from_seed(cls, seed: int, layout: str = "") -> Collection:
         """The id a seeded run uses: SHA-256 of the seed under a domain tag, so
         split rounds reproduce the one-pipeline run while the id reveals
         nothing about the (secret) seed."""
@@ -90,7 +91,7 @@ class Collection:
         return json.dumps({"id": self.id, "layout": self.layout}, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "Collection | None":
+    def from_json(cls, text: str) -> Collection | None:
         if not text:
             return None
         raw = json.loads(text)
@@ -100,6 +101,8 @@ class Collection:
 @dataclasses.dataclass(frozen=True)
 class ProtocolState:
     """What the collector knows after ``rounds_done`` rounds."""
+
+    __hash__ = None                       # compared by value (arrays inside), never hashed
 
     rounds_done: int
     broadcast: np.ndarray | None          # per-key values the next round's clients use
@@ -221,7 +224,7 @@ class Protocol(abc.ABC):
     def theoretical_variance(self, n: int, f, m):
         """``(Var f_hat, Var m_hat)`` per key from the paper's closed forms at
         the true ``(f, m)``, or ``None`` where there are none."""
-        return None
+        return
 
     # -- description ----------------------------------------------------
     @property

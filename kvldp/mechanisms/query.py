@@ -20,7 +20,7 @@ Default outputs clip negative counts at 0 and ratios into ``[0, 1]`` /
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -57,21 +57,21 @@ class CellTable:
         return self.cells.ndim
 
     @classmethod
-    def from_vector(cls, cells, variance=None) -> "CellTable":
+    def from_vector(cls, cells, variance=None) -> CellTable:
         cells = np.asarray(cells, dtype=np.float64)
-        k = int(round(np.log(len(cells)) / np.log(3)))
+        k = round(float(np.log(len(cells)) / np.log(3)))
         if 3 ** k != len(cells):
             raise ValueError(f"{len(cells)} cells is not a power of 3")
         var = np.zeros_like(cells) if variance is None else np.asarray(variance, dtype=np.float64)
         return cls(cells.reshape((3,) * k), var.reshape((3,) * k))
 
     @classmethod
-    def from_counts(cls, mechanism, counts) -> "CellTable":
+    def from_counts(cls, mechanism, counts) -> CellTable:
         A, var = mechanism.cell_counts(counts)
         return cls.from_vector(A, var)
 
     @classmethod
-    def exact(cls, states: np.ndarray) -> "CellTable":
+    def exact(cls, states: np.ndarray) -> CellTable:
         """Unperturbed counts of users' (already discretised) states ``(n, k)``."""
         states = np.asarray(states)
         return cls.from_vector(np.bincount(state_index(states), minlength=3 ** states.shape[1]))
@@ -128,9 +128,9 @@ def parse_alpha_beta(alpha: str, beta: str) -> dict[int, bool]:
     the condition, ``beta_j`` says held (1) or not (0)."""
     if len(alpha) != len(beta) or set(alpha + beta) - {"0", "1"}:
         raise ValueError(f"alpha and beta must be bit strings of one length, got {alpha!r}, {beta!r}")
-    if any(a == "0" and b == "1" for a, b in zip(alpha, beta)):
+    if any(a == "0" and b == "1" for a, b in zip(alpha, beta, strict=True)):
         raise ValueError("beta may set a bit only where alpha does")
-    return {j: b == "1" for j, (a, b) in enumerate(zip(alpha, beta)) if a == "1"}
+    return {j: b == "1" for j, (a, b) in enumerate(zip(alpha, beta, strict=True)) if a == "1"}
 
 
 def axis_of(name: str, key_names: Sequence[str]) -> int:

@@ -11,7 +11,7 @@ All functions are vectorised over a ``UserBatch``; none loops over users.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -6,7 +6,7 @@ reports at key ``k`` carrying ``symbols[i]``.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -19,7 +19,7 @@ so the variance stays positive.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

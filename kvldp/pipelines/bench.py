@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--users", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=100)
     parser.add_argument("--padding", "-l", type=int, default=1)
-    parser.add_argument("--dataset", default="synthetic-uu", choices=("synthetic-uu", "synthetic-gg", "synthetic-multi"))
+    parser.add_argument("--dataset", default="synthetic-uu",
+                        choices=("synthetic-uu", "synthetic-gg", "synthetic-multi"))
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3,

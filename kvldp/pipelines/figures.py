@@ -55,7 +55,7 @@ def _plot(series, title: str, ylabel: str, path: Path, log: bool, reference: flo
         ax.errorbar(eps, mean, yerr=err, marker="o", ms=4, capsize=2, color=colour, label=mech)
         theory = [(p[0], p[4]) for p in pts if p[4] is not None and p[4] > 0]
         if theory:
-            ax.plot(*zip(*theory), linestyle="--", color=colour, alpha=0.8, label=f"{mech} (theory)")
+            ax.plot(*zip(*theory, strict=True), linestyle="--", color=colour, alpha=0.8, label=f"{mech} (theory)")
     if reference is not None:
         ax.axhline(reference, color="grey", linestyle=":", label=f"nominal {reference:g}")
     if log:
@@ -84,9 +84,9 @@ def plot_results(results_csv, out_dir) -> list[Path]:
             if series:
                 pngs.append(_plot(series, f"{label}, {key_set} keys — {dataset}", label,
                                   out_dir / f"{metric}_{key_set}.png", log=True))
-    for key_set in sorted({r["key_set"] for r in rows if r["metric"] == "ncr"}):
-        pngs.append(_plot(_series(rows, "ncr", key_set), f"NCR of the {key_set} keys — {dataset}", "NCR",
-                          out_dir / f"ncr_{key_set}.png", log=False))
+    pngs.extend(_plot(_series(rows, "ncr", key_set), f"NCR of the {key_set} keys — {dataset}", "NCR",
+                      out_dir / f"ncr_{key_set}.png", log=False)
+                for key_set in sorted({r["key_set"] for r in rows if r["metric"] == "ncr"}))
     for metric, label in (("coverage_frequency", "frequency"), ("coverage_mean", "mean")):
         series = _series(rows, metric, "all")
         if series:

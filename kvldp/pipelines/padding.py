@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import apache_beam as beam
 import numpy as np

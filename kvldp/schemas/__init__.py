@@ -16,14 +16,14 @@ IOH_COUNTS = "ioh_counts"
 OLH_REPORT = "olh_report"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load(name: str) -> dict:
     """The schema ``name`` (``rating``, ``report``, ``estimate``, ``broadcast``) as a JSON dict."""
     text = resources.files(__name__).joinpath(f"{name}.avsc").read_text(encoding="utf-8")
     return json.loads(text)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def parsed(name: str):
     """The schema parsed by fastavro (for fastavro readers and writers)."""
     return fastavro.parse_schema(load(name))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -54,7 +54,7 @@ def broadcast_records(state, protocol, key_names: Sequence[str]) -> list[dict]:
     est = state.estimates
     cfg = json.dumps(config, sort_keys=True)
     out = []
-    for rec, m_next in zip(estimate_records(est, key_names), state.broadcast):
+    for rec, m_next in zip(estimate_records(est, key_names), state.broadcast, strict=True):
         out.append({"round": int(state.rounds_done), "key": rec["key"],
                     "broadcast_kind": protocol.broadcast_kind, "broadcast_value": float(m_next),
                     "stopped": bool(state.stopped), "epsilon_spent": float(state.epsilon_spent), "config": cfg,

@@ -16,7 +16,7 @@ import io
 import json
 import math
 import zlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import apache_beam as beam
 import fastavro
@@ -101,7 +101,7 @@ class ParseRatingFileFn(beam.DoFn):
     def _fields(self, record: dict):
         u, i, r = (record.get(c) for c in self._cols)
         if u is None or i is None or r is None or u == "" or i == "":
-            missing = [c for c, v in zip(self._cols, (u, i, r)) if v is None or v == ""]
+            missing = [c for c, v in zip(self._cols, (u, i, r), strict=True) if v is None or v == ""]
             return ("malformed row: missing " + ", ".join(missing), _printable(record))
         try:
             rating = float(r)
@@ -125,7 +125,7 @@ class ParseRatingFileFn(beam.DoFn):
             if len(row) != len(header):
                 yield line, _bad(f"malformed row: {len(row)} fields, header has {len(header)}", row)
                 continue
-            yield line, _unbad(self._fields({c: row[j] for c, j in zip(self._cols, idx)}))
+            yield line, _unbad(self._fields({c: row[j] for c, j in zip(self._cols, idx, strict=True)}))
 
     def _jsonl(self, fh):
         for line, raw in enumerate(io.TextIOWrapper(fh, encoding="utf-8"), start=1):
@@ -227,7 +227,7 @@ class AssembleUsersFn(beam.DoFn):
         chunks = list(chunks)
         cat = {k: np.concatenate([c[k] for c in chunks]) for k in ("lines", "users", "items", "keys", "values")}
         sources = np.concatenate([np.full(len(c["lines"]), c["source"], dtype=object) for c in chunks])
-        uniq, user_idx = np.unique(cat["users"].astype(str), return_inverse=True)
+        _, user_idx = np.unique(cat["users"].astype(str), return_inverse=True)
         d_span = int(cat["keys"].max()) + 1 if len(cat["keys"]) else 1
         flat = user_idx.astype(np.int64) * d_span + cat["keys"]
         order = np.argsort(flat, kind="stable")
