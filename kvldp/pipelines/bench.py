@@ -39,12 +39,14 @@ def _beam_run(args, beam_args, dataset, mechanism) -> tuple[float, np.ndarray]:
     run["records"] | "Write" >> WriteEstimates(out)
     p.run().wait_until_finish()
     seconds = time.perf_counter() - start
-    return seconds, np.array([r["frequency"] for r in sorted(read_estimates(out), key=lambda r: int(r["key"]))])
+    records = sorted(read_estimates(out), key=lambda r: int(r["key"]))
+    return seconds, np.array([np.nan if r["frequency"] is None else r["frequency"] for r in records])
 
 
 def run(args, beam_args) -> dict:
     dataset = common.SyntheticDataset(args.dataset.split("-", 1)[1], n_users=args.users, d=args.keys, seed=args.seed)
-    mechanism = registry.make(args.mechanism, args.keys, args.epsilon, padding=args.padding)
+    takes_padding = "padding" in registry.options_of(args.mechanism)
+    mechanism = registry.make(args.mechanism, args.keys, args.epsilon, padding=args.padding if takes_padding else None)
     numpy_s, beam_s = [], []
     for _ in range(args.repeats):
         start = time.perf_counter()
@@ -52,7 +54,7 @@ def run(args, beam_args) -> dict:
         numpy_s.append(time.perf_counter() - start)
         seconds, beam_freq = _beam_run(args, beam_args, dataset, mechanism)
         beam_s.append(seconds)
-    same = bool(np.array_equal(beam_freq, local.estimates.frequency))
+    same = bool(np.array_equal(beam_freq, local.estimates.frequency, equal_nan=True))   # null = null
     n = args.users
     numpy_rate, beam_rate = n / min(numpy_s), n / min(beam_s)
     print(f"{mechanism!r}, {args.dataset}, n={n:,}, batch={args.batch_size:,}")
