@@ -49,7 +49,7 @@ SAMPLED = ("privkv", "privkv-a", "privkvm-vi", "f2m", "kvue", "kvoh")     # one 
 def run(name, data, eps, seed, **options):
     mech = registry.make(name, data.d, eps, **options)
     res = run_local(mech, data, seed)
-    keys = mech.estimate_keys if not registry.is_protocol(mech) else list(range(data.d))
+    keys = mech.estimate_keys
     f, m = truth_from_counts(res.truth, data.d)
     return res.estimates, f[keys], m[keys]
 

@@ -1,9 +1,10 @@
 """Flex Template entry point: template parameters arrive as --name=value
-flags; translate the template's underscore names into the CLI's and run."""
+flags (the names of deploy/dataflow/metadata.json, generated from the CLI);
+turn them back into the CLI's flags and run ``kvldp collect``."""
 import sys
 
 from kvldp.pipelines.cli import main
+from kvldp.pipelines.template import template_argv
 
 if __name__ == "__main__":
-    args = [a.replace("--key_dictionary", "--key-dictionary") for a in sys.argv[1:]]
-    sys.exit(main(["collect", *args]))
+    sys.exit(main(template_argv(sys.argv[1:])))

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import ClassVar, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import ClassVar
 
 import numpy as np
 
 from .base import Estimates, ReportBatch, Reports, UserBatch, with_statuses
 from .cells import state_index
 from .oracles import OUE, SUE
+from .params import Options, option
 from .protocol import Mechanism
 from .query import CellTable
 from .sampling import discretise
@@ -61,7 +63,7 @@ class PackedReportBatch(Reports):
             yield {"bits": row.tobytes()}
 
     @classmethod
-    def from_records(cls, records: Sequence[dict], batch_id: int = 0, *, n_cells: int) -> "PackedReportBatch":
+    def from_records(cls, records: Sequence[dict], batch_id: int = 0, *, n_cells: int) -> PackedReportBatch:
         """Rows of equal width: ``ceil(n_cells / 8)`` bytes each."""
         width = packed_width(n_cells)
         raw = b"".join(r["bits"] for r in records)
@@ -70,7 +72,7 @@ class PackedReportBatch(Reports):
         return cls(np.frombuffer(raw, dtype=np.uint8).reshape(len(records), width), n_cells, batch_id)
 
     @classmethod
-    def empty(cls, batch_id: int = 0, *, n_cells: int) -> "PackedReportBatch":
+    def empty(cls, batch_id: int = 0, *, n_cells: int) -> PackedReportBatch:
         return cls(np.zeros((0, packed_width(n_cells)), np.uint8), n_cells, batch_id)
 
 
@@ -111,6 +113,13 @@ def calibrate_cells(support, n, p: float, q: float):
     n = float(n)
     A = (np.asarray(support, dtype=np.float64) - n * q) / (p - q)
     return A, cell_variance(n, np.clip(A, 0.0, n), p, q)
+
+
+@dataclasses.dataclass(frozen=True)
+class IOHOptions(Options):
+    ioh_keys: tuple | None = option(None, "IOH: the chosen keys, comma-separated names (most significant "
+                                    "first); default: the --ioh-top most frequent", low=0, whole=True,
+                                    parse=str, metavar="KEYS")
 
 
 class IOH(Mechanism):
@@ -236,5 +245,6 @@ def ioh_factory(variant: str):
     def make(d: int, epsilon: float, ioh_keys: Sequence[int] | None = None) -> IOH:
         return IOH(d, epsilon, variant, ioh_keys)
     make.__name__ = f"ioh_{variant}"
+    make.options_type = IOHOptions
     return make
 

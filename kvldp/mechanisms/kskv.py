@@ -36,8 +36,9 @@ for the clipped ``(f, m)``; a mean is null where ``f_raw <= 0``.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -55,6 +56,7 @@ from .base import (
 )
 from .budget import BudgetLedger, Share
 from .oracles import GRR, OLH, OLHReportBatch
+from .params import Options, floats, option, padding_option, top_option
 from .pckv import CLIP_PAPER, PCKVUE, PCKVParams
 from .protocol import Protocol, ProtocolState
 from .sampling import discretise, padding_and_sampling, padding_sampling_distribution
@@ -64,10 +66,16 @@ from .variance import multinomial_delta_variance
 MAX_ADAPTIVE_PADDING = 16
 
 
+@dataclasses.dataclass(frozen=True)
+class KSUEOptions(Options):
+    padding: int = padding_option()
+
+
 class KSUE(PCKVUE):
     """KS-UE: key-strategy unary encoding (non-interactive)."""
 
     name = "ks-ue"
+    options_type = KSUEOptions
 
     def __init__(self, d: int, epsilon: float, padding: int = 1):
         super().__init__(d, epsilon, padding, CLIP_PAPER)
@@ -318,11 +326,19 @@ class _KeyStrategyProtocol(Protocol):
         return state.broadcast.astype(np.int64)[users.keys] if len(users.keys) else np.zeros(0, np.int64)
 
 
+@dataclasses.dataclass(frozen=True)
+class KSGRROptions(Options):
+    top: int = top_option()
+    group_split: float = option(0.5, "KS-GRR: the share of users in group 1 (finding the candidates)",
+                                low=0.0, high=1.0, low_open=True, high_open=True, parse=float)
+
+
 class KSGRR(_KeyStrategyProtocol):
     """KS-GRR: group 1 finds the top-2t candidates by OLH, group 2 reports its
     pair by GRR over the candidates and ⊥."""
 
     name = "ks-grr"
+    options_type = KSGRROptions
 
     def __init__(self, d: int, epsilon: float, top: int = 20, group_split: float = 0.5):
         super().__init__(d, epsilon, top, (group_split, 1.0 - group_split))
@@ -372,10 +388,21 @@ class KSGRR(_KeyStrategyProtocol):
         return ProtocolState(2, state.broadcast, True, self.epsilon, est)
 
 
+@dataclasses.dataclass(frozen=True)
+class KSAdapOptions(Options):
+    top: int = top_option()
+    group_shares: tuple = option((0.4, 0.1, 0.5), "KS-Adap: the three groups' shares of the users, "
+                                 "comma-separated", low=0.0, high=1.0, low_open=True, high_open=True, parse=floats)
+    coverage: float = option(0.9, "KS-Adap: the chosen l covers this share of candidate holders; padded "
+                             "mechanisms: the share of users --padding auto covers, and the warning threshold",
+                             low=0.0, high=1.0, low_open=True, parse=float)
+
+
 class KSAdap(_KeyStrategyProtocol):
     """KS-Adap: KS-GRR for multi-pair users with an adaptively chosen padding."""
 
     name = "ks-adap"
+    options_type = KSAdapOptions
 
     def __init__(self, d: int, epsilon: float, top: int = 20, group_shares=(0.4, 0.1, 0.5),
                  coverage: float = 0.9):

@@ -36,12 +36,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from .base import Estimates, ReportBatch, UserBatch, with_statuses
 from .oracles import randomized_response
+from .params import Options, option, padding_option
 from .protocol import Mechanism
 from .randomness import bernoulli_positions
 from .sampling import padding_and_sampling, padding_sampling_distribution
@@ -88,8 +89,18 @@ class PCKVParams:
         return self.a * self.p - self.b / 2, self.a * (1 - self.p) - self.b / 2
 
 
+@dataclasses.dataclass(frozen=True)
+class PCKVOptions(Options):
+    """PCKV-UE, PCKV-GRR."""
+
+    padding: int = padding_option()
+    clip: str = option(CLIP_PAPER, "PCKV: clip value counts into [0, N] (Algorithm 4) or [1, N] (the authors' "
+                       "MATLAB)", choices=(CLIP_PAPER, CLIP_MATLAB), parse=str)
+
+
 class _PCKV(Mechanism):
     """Shared estimator, variance and padding of the two PCKV variants."""
+    options_type = PCKVOptions
 
     params: PCKVParams
 

@@ -34,13 +34,15 @@ frequency is <= 0 (no holder to average over) or the key had no reports.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
 from .base import Estimates, ReportBatch, UserBatch, with_statuses
 from .budget import Share
+from .params import Options, key_share_option, rounds_option
 from .protocol import Mechanism
 from .sampling import discretise, uniform_key_sampling
 from .symbols import accumulate_symbols, symbol_stack
@@ -59,10 +61,8 @@ def lpp_perturb(users: UserBatch, d: int, p1: float, p2: float, fake, rng: np.ra
     user) or an array of per-key ``m~`` (the broadcast)."""
     n = users.n_users
     j, held, values = uniform_key_sampling(users, d, rng)
-    if isinstance(fake, str):
-        fake_values = rng.uniform(-1.0, 1.0, size=n)
-    else:
-        fake_values = np.asarray(fake, dtype=np.float64)[j]
+    fake_values = (rng.uniform(-1.0, 1.0, size=n) if isinstance(fake, str)
+                   else np.asarray(fake, dtype=np.float64)[j])
     x = discretise(np.where(held, values, fake_values), rng)
     v_star = np.where(rng.random(n) < p2, x, -x)
     keep = rng.random(n) < p1
@@ -167,9 +167,23 @@ def lpp_frequency(stack: np.ndarray, p1: float):
     return np.where(M > 0, privkv_frequency(stack, p1), np.nan), M
 
 
+@dataclasses.dataclass(frozen=True)
+class LPPOptions(Options):
+    """PrivKV, PrivKV-A."""
+
+    key_share: float = key_share_option()
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivKVMVirtualOptions(Options):
+    rounds: int = rounds_option(6)
+    key_share: float = key_share_option()
+
+
 class _LPPMechanism(Mechanism):
     """One LPP round with key budget ``eps1 = key_share eps`` and value budget
     ``eps2 = eps - eps1``; counts ``[n, M1[d], M_1[d], M0[d]]``."""
+    options_type = LPPOptions
 
     fake = FAKE_UNIFORM
 
@@ -289,6 +303,7 @@ class PrivKVMVirtual(_LPPMechanism):
     collector predicts round ``c``'s mean from round 1's frequency and mean."""
 
     name = "privkvm-vi"
+    options_type = PrivKVMVirtualOptions
 
     def __init__(self, d: int, epsilon: float, rounds: int = 6, key_share: float = 0.5):
         super().__init__(d, epsilon, key_share)

@@ -27,7 +27,8 @@ bit of 1), even where the published mean is null (frequency <= 0).
 """
 from __future__ import annotations
 
-from typing import Mapping
+import dataclasses
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -40,6 +41,7 @@ from .base import (
     with_statuses,
 )
 from .budget import BudgetLedger, Share
+from .params import Options, option, rounds_option
 from .privkv import (
     FAKE_UNIFORM,
     lpp_accumulate,
@@ -138,10 +140,16 @@ class _LPPRounds(Protocol):
         return est, paper
 
 
+@dataclasses.dataclass(frozen=True)
+class PrivKVMOptions(Options):
+    rounds: int = rounds_option(3)
+
+
 class PrivKVM(_LPPRounds):
     """PrivKVM with ``c`` real rounds (PBA budget)."""
 
     name = "privkvm"
+    options_type = PrivKVMOptions
 
     def __init__(self, d: int, epsilon: float, rounds: int = 3):
         super().__init__(d, epsilon, rounds)
@@ -161,10 +169,19 @@ class PrivKVM(_LPPRounds):
                              self.ledger.spent(rounds=range(round_index + 1)), est)
 
 
+@dataclasses.dataclass(frozen=True)
+class PrivKVMPlusOptions(Options):
+    t: float = option(2.0, "PrivKVM+: PBAt's t (round r spends 1/t of what is left)", low=1.0, low_open=True,
+                      parse=float)
+    a0: float = option(0.2, "PrivKVM+: cost A0 of one more round", low=0.0, parse=float)
+    max_rounds: int = option(10, "PrivKVM+: at most this many rounds", low=1, whole=True, parse=int)
+
+
 class PrivKVMPlus(_LPPRounds):
     """PrivKVM+ (PBAt budget, data-dependent number of rounds)."""
 
     name = "privkvm-plus"
+    options_type = PrivKVMPlusOptions
 
     def __init__(self, d: int, epsilon: float, t: float = 2.0, a0: float = 0.2, max_rounds: int = 10):
         if not t > 1.0:

@@ -44,6 +44,7 @@ import numpy as np
 
 from .base import Estimates, ReportBatch, Reports, UserBatch, validated_domain
 from .budget import BudgetLedger, Share
+from .params import NoOptions, Options
 from .randomness import STREAM_GROUP, batch_rng
 
 
@@ -133,6 +134,7 @@ class Protocol(abc.ABC):
     """A key-value LDP protocol over ``max_rounds`` potential rounds."""
 
     name: ClassVar[str]
+    options_type: ClassVar[type[Options]] = NoOptions   # what it can be told besides d, epsilon (params.py)
     report_type: ClassVar[type[Reports]] = ReportBatch
     broadcast_kind: ClassVar[str] = ""    # what ``ProtocolState.broadcast`` holds (broadcast.avsc)
     d: int

@@ -1,22 +1,24 @@
-"""Name -> mechanism factory: the one place a new mechanism is added.
+"""Name -> mechanism: the one place a new mechanism is added.
 
-A factory takes ``(d, epsilon, **options)``. Single-round mechanisms are
-``Mechanism``s; multi-round ones are ``Protocol``s.
+An entry is a class (or factory) taking ``(d, epsilon, **options)`` with an
+``options_type`` (``params.Options``): that declaration generates the
+mechanism's flags, validation and template parameters, and registering it
+here puts it into every job and into the exact privacy audit.
 """
 from __future__ import annotations
 
-import inspect
-from typing import Callable
+from collections.abc import Callable
 
 from .ioh import ioh_factory
 from .kskv import KSGRR, KSUE, KSAdap
+from .params import Options
 from .pckv import PCKVGRR, PCKVUE
 from .privkv import PrivKV, PrivKVA, PrivKVMVirtual
 from .privkvm import PrivKVM, PrivKVMPlus
-from .protocol import Mechanism, Protocol
+from .protocol import Protocol
 from .sun import F2M, KVOH, KVUE
 
-MECHANISMS: dict[str, Callable[..., Mechanism | Protocol]] = {
+MECHANISMS: dict[str, Callable[..., Protocol]] = {
     PCKVUE.name: PCKVUE,
     PCKVGRR.name: PCKVGRR,
     PrivKV.name: PrivKV,
@@ -46,22 +48,34 @@ def factory(name: str):
         raise ValueError(f"unknown mechanism {name!r}; known: {', '.join(names())}") from None
 
 
+def options_type(name: str) -> type[Options]:
+    """The mechanism's typed options (``params.Options`` subclass)."""
+    return factory(name).options_type
+
+
 def options_of(name: str) -> list[str]:
     """The options a mechanism takes besides ``d`` and ``epsilon``."""
-    params = list(inspect.signature(factory(name)).parameters)
-    return [p for p in params if p not in ("d", "epsilon")]
+    return options_type(name).field_names()
 
 
-def make(name: str, d: int, epsilon: float, **options) -> Mechanism | Protocol:
-    """Build a registered mechanism. Options set to ``None`` are left at the
-    mechanism's default; an option the mechanism does not take is an error."""
+def options(name: str, **given) -> Options:
+    """Typed, validated options from keywords; ``None`` keeps the default,
+    an option the mechanism does not take is an error."""
     accepted = options_of(name)
-    given = {k: v for k, v in options.items() if v is not None}
+    given = {k: v for k, v in given.items() if v is not None}
     unknown = sorted(set(given) - set(accepted))
     if unknown:
         raise ValueError(f"{name} does not take {', '.join(unknown)} (it takes: {', '.join(accepted) or 'nothing'})")
-    return factory(name)(d, epsilon, **given)
+    return options_type(name)(**given)
 
 
-def is_protocol(obj) -> bool:
-    return isinstance(obj, Protocol)
+def make(name: str, d: int, epsilon: float, opts: Options | None = None, **given) -> Protocol:
+    """Build a registered mechanism from typed options ``opts`` (or from
+    keywords, validated into them)."""
+    if opts is None:
+        opts = options(name, **given)
+    elif given:
+        raise ValueError("give the options either typed or as keywords, not both")
+    if not isinstance(opts, options_type(name)):
+        raise TypeError(f"{name} takes {options_type(name).__name__}, got {type(opts).__name__}")
+    return factory(name)(d, epsilon, **opts.as_kwargs())

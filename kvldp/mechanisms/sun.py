@@ -34,13 +34,15 @@ is null where the estimated frequency is <= 0.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
 from .base import Estimates, ReportBatch, UserBatch, with_statuses
 from .budget import Share
+from .params import Options, option
 from .privkv import rr_keep
 from .protocol import Mechanism
 from .sampling import discretise, uniform_key_sampling
@@ -213,10 +215,17 @@ class KVOH(_StateMechanism):
         return probs
 
 
+@dataclasses.dataclass(frozen=True)
+class F2MOptions(Options):
+    default_value: float = option(1.0, "F2M: the value reported for keys a user lacks", low=-1.0, high=1.0,
+                                  parse=float)
+
+
 class F2M(_StateMechanism):
     """F2M: key bit and value bit perturbed separately (Alg. 3)."""
 
     name = "f2m"
+    options_type = F2MOptions
     symbols = (-2, -1, 1, 2)      # value * (1 + key_bit)
 
     def __init__(self, d: int, epsilon: float, default_value: float = 1.0):

@@ -1,5 +1,6 @@
-"""The ``kvldp`` command line. Unknown flags pass through to Beam unchanged
-(``--runner``, ``--direct_num_workers``, ``--project``, …)."""
+"""The ``kvldp`` command line. Flags kvldp does not define pass through to
+Beam (``--runner``, ``--direct_num_workers``, ``--project``, …) if Beam
+knows them; anything else is an error with a suggestion."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +8,7 @@ import logging
 import sys
 
 from kvldp.pipelines import advise, bench, evaluate, query, simulate, split
+from kvldp.pipelines.flags import check_beam_args
 
 COMMANDS = {
     "simulate": (simulate.add_arguments, simulate.run,
@@ -31,10 +33,17 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def subcommand_parser(top: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    subparsers = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    return subparsers.choices[command]
+
+
 def main(argv=None) -> int:
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
-    args, beam_args = parser().parse_known_args(argv)
+    top = parser()
+    args, beam_args = top.parse_known_args(argv)
     try:
+        check_beam_args(beam_args, subcommand_parser(top, args.command))
         COMMANDS[args.command][1](args, beam_args)
     except (ValueError, FileNotFoundError) as err:
         print(f"kvldp {args.command}: error: {err}", file=sys.stderr)

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import uuid
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import apache_beam as beam
 import numpy as np
@@ -28,7 +28,9 @@ from kvldp.datasets import Dataset, SyntheticDataset, load_clothing, load_moviel
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
 from kvldp.mechanisms.padding import merge_histograms, size_histogram
+from kvldp.mechanisms.params import AUTO, whole_or_auto
 from kvldp.mechanisms.randomness import fresh_seed
+from kvldp.pipelines.flags import add_mechanism_flags, mechanism_flags
 from kvldp.transforms.ratings import DEAD_LETTER, ReadRatings
 
 DATASETS = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr", "clothing", "movielens-100k")
@@ -77,51 +79,31 @@ def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
     return beam.Pipeline(runner=FnApiRunner(), options=options)
 
 
-AUTO_PADDING = "auto"
+AUTO_PADDING = AUTO
 
 
 def parse_padding(text: str):
-    """``--padding``: a whole number ``l >= 1`` or ``auto``."""
-    if str(text).strip().lower() == AUTO_PADDING:
-        return AUTO_PADDING
+    """``--padding``: a whole number ``l >= 1`` or ``auto`` (advise's flag)."""
     try:
-        l = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"padding must be a whole number >= 1 or 'auto', got {text!r}") from None
-    if l < 1:
+        l = whole_or_auto(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"padding {err}") from None
+    if l != AUTO and l < 1:
         raise argparse.ArgumentTypeError(f"padding length l must be >= 1, got {l}")
     return l
 
 
 def add_mechanism_args(parser: argparse.ArgumentParser, single: bool = True):
     """``--mechanism``/``--epsilon`` (unless ``single`` is false: a sweep names
-    several) and every mechanism's options."""
+    several) and every mechanism's options, generated from their typed
+    declarations (``kvldp.pipelines.flags``)."""
     if single:
-        parser.add_argument("--mechanism", required=True, choices=registry.names())
+        parser.add_argument("--mechanism", required=True, choices=registry.names(),
+                            help="the registered mechanism (kvldp.mechanisms.registry)")
         parser.add_argument("--epsilon", type=float, required=True, help="total privacy budget per user")
     opts = parser.add_argument_group("mechanism options (each mechanism takes the ones that apply)")
-    opts.add_argument("--padding", "-l", type=parse_padding, default=None,
-                      help="PCKV/KS-UE padding length l, or 'auto': the ingest side picks the smallest l covering "
-                           "--coverage (0.9) of the users from the data's set sizes (a data-dependent public "
-                           "parameter); default: the dataset's, 1 for single-pair data, 2 for clothing")
-    opts.add_argument("--clip", choices=("paper", "matlab"), default=None,
-                      help="PCKV: clip value counts into [0, N] (Algorithm 4, default) or [1, N] (authors' MATLAB)")
-    opts.add_argument("--rounds", type=int, default=None,
-                      help="PrivKVM: real rounds c (default 3); privkvm-vi: c incl. virtual ones (default 6)")
-    opts.add_argument("--t", type=float, default=None, help="PrivKVM+: PBAt's t (default 2)")
-    opts.add_argument("--a0", type=float, default=None, help="PrivKVM+: cost A0 of one more round (default 0.2)")
-    opts.add_argument("--max-rounds", type=int, default=None, help="PrivKVM+: at most this many rounds (default 10)")
-    opts.add_argument("--default-value", type=float, default=None, help="F2M: value of absent keys (default 1)")
-    opts.add_argument("--ioh-keys", default=None, help="IOH: comma-separated keys (most significant first)")
-    if single:   # a sweep takes --top as its list of top-t sets (and KS's t from the largest)
-        opts.add_argument("--top", type=int, default=None,
-                          help="KS-GRR/KS-Adap: t, the candidates are the top 2t keys (default 20); also the "
-                               "top-t set of the accuracy summary (default 50)")
-    opts.add_argument("--group-split", type=float, default=None, help="KS-GRR: share of users in group 1 (0.5)")
-    opts.add_argument("--group-shares", default=None, help="KS-Adap: three group shares (default 0.4,0.1,0.5)")
-    opts.add_argument("--coverage", type=float, default=None,
-                      help="KS-Adap: the chosen l covers this share of candidate holders (0.9); padded "
-                           "mechanisms: the share of users --padding auto covers, and the warning threshold")
+    # a sweep takes --top as its list of top-t sets (and KS's t from the largest)
+    add_mechanism_flags(opts, exclude=() if single else ("top",))
     opts.add_argument("--ioh-top", type=int, default=None,
                       help="IOH: use the top-d most frequent keys of the data (default 5; d <= 10)")
 
@@ -174,7 +156,7 @@ class Seeds:
     perturb: int
 
     @classmethod
-    def from_arg(cls, seed: int | None) -> "Seeds":
+    def from_arg(cls, seed: int | None) -> Seeds:
         if seed is None:
             return cls(fresh_seed(), fresh_seed())
         return cls(seed, seed)
@@ -319,36 +301,42 @@ def print_row_summary(stats: dict[str, int], out=None):
     print(f"rows read {read} = accepted {acc} + rejected {rej} [{status}]", file=out)
 
 
+# Options that also serve the job when the mechanism does not take them:
+# --top sets the accuracy summary's top-t set, --coverage the choice of
+# --padding auto. They are passed to a mechanism only if it declares them.
+JOB_ROLES = ("top", "coverage")
+
+
+def mechanism_options(args, ioh_keys: Sequence[int] | None = None, padding: int | None = None):
+    """The typed options of ``--mechanism`` from the command line.
+
+    ``ioh_keys``: IOH's chosen keys as dictionary indices (``--ioh-keys``
+    names them); ``padding``: the resolved padding length, overriding
+    ``--padding`` (``pipelines.padding.resolve_padding`` turns ``auto`` into
+    a number on the ingest side; a job that has not resolved ``auto`` gets a
+    clear error). Every other option flag the mechanism does not declare is
+    an error."""
+    declared = set(registry.options_of(args.mechanism))
+    given = {name: getattr(args, name, None) for name in mechanism_flags()}
+    given["ioh_keys"] = ioh_keys
+    if padding is not None:
+        given["padding"] = padding
+    for name in JOB_ROLES:
+        if name not in declared:
+            given[name] = None
+    if given.get("padding") == AUTO and "padding" in declared:
+        raise ValueError("--padding auto is chosen from the raw data by the ingest side (simulate, perturb); "
+                         "this job cannot see the data: give l explicitly (collect: the reports' padding)")
+    return registry.options(args.mechanism, **given)
+
+
 def make_mechanism(args, d: int, dataset: Dataset | None = None, ioh_keys: Sequence[int] | None = None,
                    padding: int | None = None):
-    """The registered mechanism or protocol named by ``--mechanism``, with the
-    options given on the command line (the dataset's padding by default).
-
-    ``padding``: the resolved padding length, overriding ``--padding``
-    (``pipelines.padding.resolve_padding`` turns ``auto`` into a number on the
-    ingest side; a job that has not resolved ``auto`` gets a clear error).
-    ``--coverage`` belongs to the padding choice for mechanisms that take a
-    padding but no coverage, and is not passed to them."""
-    options = {"clip": args.clip, "rounds": args.rounds, "t": args.t, "a0": args.a0,
-               "max_rounds": args.max_rounds, "padding": args.padding if padding is None else padding,
-               "default_value": getattr(args, "default_value", None), "ioh_keys": ioh_keys,
-               "top": args.top, "group_split": args.group_split, "coverage": args.coverage,
-               "group_shares": None if args.group_shares is None else
-               tuple(float(x) for x in args.group_shares.split(","))}
-    accepted = registry.options_of(args.mechanism)
-    if "top" not in accepted:
-        options["top"] = None          # --top then only sets the accuracy summary's top-t set
-    if getattr(args, "lenient", False):
-        options = {k: v for k, v in options.items() if k in accepted}
-    if "padding" in accepted:
-        if options["padding"] == AUTO_PADDING:
-            raise ValueError("--padding auto is chosen from the raw data by the ingest side (simulate, perturb); "
-                             "this job cannot see the data: give l explicitly (collect: the reports' padding)")
-        if options["padding"] is None:
-            options["padding"] = dataset.default_padding if dataset is not None else 1
-        if "coverage" not in accepted:
-            options["coverage"] = None     # --coverage set the padding choice
-    return registry.make(args.mechanism, d, args.epsilon, **options)
+    """The registered mechanism named by ``--mechanism`` with its typed
+    options (the dataset's padding by default)."""
+    if padding is None and getattr(args, "padding", None) is None and "padding" in registry.options_of(args.mechanism):
+        padding = dataset.default_padding if dataset is not None else 1
+    return registry.make(args.mechanism, d, args.epsilon, mechanism_options(args, ioh_keys, padding))
 
 
 def takes_ioh_keys(args) -> bool:

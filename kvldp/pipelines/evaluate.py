@@ -31,6 +31,7 @@ from tqdm import tqdm
 from kvldp.mechanisms import metrics, registry
 from kvldp.mechanisms.local import run_local
 from kvldp.pipelines import common, figures, simulate
+from kvldp.pipelines.flags import mechanism_flags
 from kvldp.pipelines.graphs import to_records
 from kvldp.pipelines.presets import PRESETS
 
@@ -141,7 +142,11 @@ def run_cell(cell, args, beam_args, out_dir: str):
     cell_args.output = os.path.join(out_dir, "runs", f"{name}_eps{eps:g}_r{repeat}.jsonl")
     cell_args.query, cell_args.fanout = [], None
     cell_args.top = max(top_sets(args))        # KS-GRR/KS-Adap: candidates cover the largest set
-    cell_args.lenient = True                 # a sweep mixes mechanisms: drop options one does not take
+    # a sweep mixes mechanisms: each takes the options it declares, the others are cleared
+    declared = set(registry.options_of(name)) | set(common.JOB_ROLES)
+    for option in mechanism_flags():
+        if option not in declared:
+            setattr(cell_args, option, None)
     out = (run_numpy if getattr(args, "engine", "beam") == "numpy" else simulate.execute)(cell_args, beam_args)
     n_users = out["n_users"] or out["stats"].get("users_assembled") or args.users
     info = {"mechanism": name, "epsilon": eps, "repeat": repeat, "dataset": out["dataset"], "n_users": n_users}
@@ -181,7 +186,7 @@ def coverage_table(results_csv) -> str:
 
     def pooled(c, what, prefix="coverage_"):
         share, scored = c.get(f"{prefix}{what}", []), c.get(f"scored_{what}", [])
-        hits = sum(s * k for s, k in zip(share, scored) if k > 0)
+        hits = sum(s * k for s, k in zip(share, scored, strict=False) if k > 0)
         total = sum(k for k in scored if k > 0)
         return f"{hits / total:.3f}" if total else "–"
 

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 from collections.abc import Mapping, Sequence
@@ -86,10 +87,7 @@ class _ReadReportFileFn(beam.DoFn):
             if reader.writer_schema.get("name", "").split(".")[-1] != schemas.load(kind.schema)["name"]:
                 raise ValueError(f"{readable.metadata.path}: {reader.writer_schema.get('name')} records, but "
                                  f"{self._protocol.name} reads {kind.schema} records")
-
-            def decode(rows):
-                return self._protocol.reports_from_records(self._round, rows)
-
+            decode = functools.partial(self._protocol.reports_from_records, self._round)
             batch = []
             for record in reader:
                 batch.append(record)

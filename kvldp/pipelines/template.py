@@ -1,0 +1,80 @@
+"""The Dataflow Flex Template of ``kvldp collect``, generated from its flags.
+
+``deploy/dataflow/metadata.json`` lists one template parameter per flag of
+``kvldp collect`` -- the job's own and every mechanism's typed options -- with
+its help text and a validation regex, so a new mechanism's options reach the
+template without editing it. ``python -m kvldp.pipelines.template`` rewrites
+the file; a test checks the committed one is current. ``template_argv``
+turns the launcher's ``--name=value`` parameters back into CLI flags.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kvldp.mechanisms.params import whole_or_auto
+from kvldp.pipelines import cli
+from kvldp.pipelines.flags import mechanism_flags
+
+COMMAND = "collect"
+NUMBER = r"^-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
+WHOLE = r"^[0-9]+$"
+NUMBERS = r"^-?[0-9.eE+-]+(,-?[0-9.eE+-]+)*$"
+
+
+def _regex(action: argparse.Action, option_meta: dict | None) -> str | None:
+    if action.choices:
+        return "^(" + "|".join(map(str, action.choices)) + ")$"
+    parse = (option_meta or {}).get("parse") or action.type
+    if parse is whole_or_auto:
+        return r"^([0-9]+|auto)$"
+    if parse is int or (option_meta or {}).get("whole"):
+        return WHOLE
+    if parse is float:
+        return NUMBER
+    if getattr(parse, "__name__", "") == "floats":
+        return NUMBERS
+    return None
+
+
+def parameters(command: str = COMMAND) -> list[dict]:
+    options = {name: flag.meta for name, flag in mechanism_flags().items()}
+    sub = cli.subcommand_parser(cli.parser(), command)
+    out = []
+    for action in sub._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        param = {"name": action.dest, "label": action.dest.replace("_", " ").capitalize(),
+                 "helpText": (action.help or action.dest).replace("%%", "%"), "isOptional": not action.required}
+        regex = _regex(action, options.get(action.dest))
+        if regex:
+            param["regexes"] = [regex]
+        out.append(param)
+    return out
+
+
+def metadata() -> dict:
+    return {"name": f"kvldp {COMMAND}",
+            "description": "Collector side of a kvldp key-value LDP mechanism: report files -> calibrated "
+                           "per-key estimates (and, for multi-round protocols, the next round's broadcast).",
+            "parameters": parameters()}
+
+
+def template_argv(argv) -> list[str]:
+    """``--key_dictionary=x`` (a template parameter) -> ``--key-dictionary=x``;
+    Beam's own options (``--temp_location``, …) pass unchanged."""
+    sub = cli.subcommand_parser(cli.parser(), COMMAND)
+    flag_of = {a.dest: next(s for s in a.option_strings if s.startswith("--"))
+               for a in sub._actions if any(s.startswith("--") for s in a.option_strings)}
+    out = []
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        dest = name[2:] if name.startswith("--") else None
+        out.append(f"{flag_of[dest]}{eq}{value}" if dest in flag_of else arg)
+    return [COMMAND, *out]
+
+
+if __name__ == "__main__":
+    json.dump(metadata(), sys.stdout, indent=2)
+    sys.stdout.write("\n")
