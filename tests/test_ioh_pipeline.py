@@ -12,7 +12,7 @@ from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.query import CellTable
-from kvldp.pipelines import cli, common
+from kvldp.pipelines import cli, sources
 from kvldp.pipelines.query import load_counts
 from kvldp.pipelines.report import read_estimates
 
@@ -113,6 +113,6 @@ def test_key_frequencies_of_a_ratings_file_are_exact(tmp_path):
         ["simulate", "--mechanism", "ioh-oue", "--epsilon", "1", "--dataset", str(path), "--rating-range", "1,5",
          "--shards", "3"])
     names = [f"i{k}" for k in range(12)]
-    got = common.key_frequencies(args, beam_args, None, names)
+    got = sources.key_frequencies(args, beam_args, None, names)
     want = np.bincount([int(i[1:]) for _, i in rows], minlength=12)
     np.testing.assert_array_equal(got, want)

@@ -35,7 +35,7 @@ from kvldp.mechanisms.padding import (
     truncated_users,
 )
 from kvldp.pipelines import advise as advise_mod
-from kvldp.pipelines import cli, common
+from kvldp.pipelines import cli, mechanism_args, sources
 from kvldp.pipelines.padding import padding_from_reports, parse_set_sizes, resolve_padding
 from kvldp.pipelines.report import read_estimates
 from kvldp.transforms.io import report_config
@@ -204,11 +204,11 @@ def test_bias_is_l_over_size_on_synthetic_multi_over_repeats(name):
 
 # ------------------------------------------------------------ parsing ----
 def test_padding_argument_takes_a_number_or_auto():
-    assert common.parse_padding("3") == 3 and common.parse_padding("auto") == "auto"
-    assert common.parse_padding("AUTO") == "auto"
+    assert mechanism_args.parse_padding("3") == 3 and mechanism_args.parse_padding("auto") == "auto"
+    assert mechanism_args.parse_padding("AUTO") == "auto"
     for bad in ("0", "-2", "two", "1.5"):
         with pytest.raises(argparse.ArgumentTypeError):
-            common.parse_padding(bad)
+            mechanism_args.parse_padding(bad)
     with pytest.raises(SystemExit):
         cli.main(["simulate", "--mechanism", "pckv-ue", "--epsilon", "1", "--padding", "0"])
 
@@ -223,8 +223,8 @@ def test_parse_set_sizes():
 
 def _mechanism_args(argv):
     parser = argparse.ArgumentParser()
-    common.add_mechanism_args(parser)
-    common.add_dataset_args(parser)
+    mechanism_args.add_mechanism_args(parser)
+    sources.add_dataset_args(parser)
     return parser.parse_args(argv)
 
 
@@ -234,11 +234,11 @@ def test_auto_needs_the_ingest_side():
     rule's for padded mechanisms, not passed to them."""
     args = _mechanism_args(["--mechanism", "pckv-ue", "--epsilon", "1", "--padding", "auto", "--coverage", "0.8"])
     with pytest.raises(ValueError, match="ingest side"):
-        common.make_mechanism(args, 10)
-    assert common.make_mechanism(args, 10, padding=3).l == 3
+        mechanism_args.make_mechanism(args, 10)
+    assert mechanism_args.make_mechanism(args, 10, padding=3).l == 3
     args = _mechanism_args(["--mechanism", "privkv", "--epsilon", "1", "--padding", "auto"])
     with pytest.raises(ValueError, match="does not take padding"):
-        common.make_mechanism(args, 10)
+        mechanism_args.make_mechanism(args, 10)
     assert resolve_padding(args, [], None, None).l is None          # nothing to resolve
 
 

@@ -17,7 +17,7 @@ import pytest
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-from kvldp.pipelines.common import make_pipeline
+from kvldp.pipelines.runner import make_pipeline
 
 
 def _direct(pipeline) -> DirectOptions:

@@ -16,8 +16,8 @@ from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import UserBatch
 from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.randomness import batch_rng
-from kvldp.pipelines.common import counters
 from kvldp.pipelines.graphs import collect_graph
+from kvldp.pipelines.runner import counters
 from kvldp.transforms.accumulate import Accumulate, RoundCombineFn
 from kvldp.transforms.io import WriteEstimates
 from kvldp.transforms.perturb import Perturb, PerturbFn

@@ -30,7 +30,7 @@ from kvldp.mechanisms.padding import (
     check_padding,
     choose_padding,
 )
-from kvldp.pipelines import common
+from kvldp.pipelines import mechanism_args, sources
 from kvldp.pipelines.padding import (
     data_set_sizes,
     describe_sizes,
@@ -59,10 +59,10 @@ def compare(n: int, d: int, epsilon: float, l: int, f: float, m: float) -> list[
 def choose_l(l, set_sizes, coverage: float = DEFAULT_COVERAGE) -> tuple[int, bool]:
     """``(l, chosen)``: an explicit ``l`` as given; ``None`` or ``auto``: the
     coverage rule on ``set_sizes`` (1 without them; ``auto`` needs them)."""
-    if l is None or l == common.AUTO_PADDING:
+    if l is None or l == mechanism_args.AUTO_PADDING:
         if set_sizes is not None:
             return choose_padding(set_sizes, coverage), True
-        if l == common.AUTO_PADDING:
+        if l == mechanism_args.AUTO_PADDING:
             raise ValueError("--padding auto needs the set sizes: --set-sizes or --dataset")
         return 1, False
     return int(l), False
@@ -108,7 +108,7 @@ def advise(n: int, d: int, epsilon: float, l=None, f: float | None = None, m: fl
 
 def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--epsilon", type=float, required=True)
-    parser.add_argument("--padding", "-l", type=common.parse_padding, default=None,
+    parser.add_argument("--padding", "-l", type=mechanism_args.parse_padding, default=None,
                         help="l to check; 'auto' or omitted: chosen from the set sizes when given (else 1)")
     parser.add_argument("--set-sizes", default=None,
                         help="the users' set-size histogram as size:users, e.g. 1:500,2:300,3:200")
@@ -117,7 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--frequency", type=float, default=None, help="a key's frequency (default 1/d)")
     parser.add_argument("--mean", type=float, default=0.0, help="a key's mean value (default 0)")
     # n and d, or a dataset / ratings file to measure them and the set sizes from
-    common.add_dataset_args(parser, default=None)
+    sources.add_dataset_args(parser, default=None)
     parser.set_defaults(users=None, keys=None)
 
 
@@ -126,10 +126,10 @@ def measure(args, beam_args) -> tuple[int, int, np.ndarray]:
     data_args = copy.copy(args)
     data_args.users = args.users or 1_000_000
     data_args.keys = args.keys or 100
-    dataset = common.built_in_dataset(data_args, common.Seeds.from_arg(args.seed).data)
+    dataset = sources.built_in_dataset(data_args, sources.Seeds.from_arg(args.seed).data)
     if dataset is not None:
         return dataset.n_users, dataset.d, data_set_sizes(data_args, beam_args, dataset, None)
-    dictionary, hist = common.key_dictionary_and_sizes(data_args, beam_args)
+    dictionary, hist = sources.key_dictionary_and_sizes(data_args, beam_args)
     if hist is None:
         hist = data_set_sizes(data_args, beam_args, None, dictionary)
     return int(hist.sum()), len(dictionary), hist

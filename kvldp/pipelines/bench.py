@@ -7,10 +7,11 @@ import time
 
 import numpy as np
 
+from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
 from kvldp.mechanisms.local import run_local
-from kvldp.pipelines import common
+from kvldp.pipelines import runner, sources
 from kvldp.pipelines.graphs import simulate_graph
 from kvldp.pipelines.report import read_estimates
 from kvldp.transforms.io import WriteEstimates
@@ -31,10 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser):
 
 
 def _beam_run(args, beam_args, dataset, mechanism) -> tuple[float, np.ndarray]:
-    out = common.scratch_path(beam_args, "estimates.jsonl")
+    out = runner.scratch_path(beam_args, "estimates.jsonl")
     start = time.perf_counter()
-    p = common.make_pipeline(beam_args)
-    source = common.user_source(p, args, dataset)
+    p = runner.make_pipeline(beam_args)
+    source = sources.user_source(p, args, dataset)
     run = simulate_graph(source.users, mechanism, args.seed, source.key_names, truth=False)
     run["records"] | "Write" >> WriteEstimates(out)
     p.run().wait_until_finish()
@@ -44,7 +45,7 @@ def _beam_run(args, beam_args, dataset, mechanism) -> tuple[float, np.ndarray]:
 
 
 def run(args, beam_args) -> dict:
-    dataset = common.SyntheticDataset(args.dataset.split("-", 1)[1], n_users=args.users, d=args.keys, seed=args.seed)
+    dataset = SyntheticDataset(args.dataset.split("-", 1)[1], n_users=args.users, d=args.keys, seed=args.seed)
     takes_padding = "padding" in registry.options_of(args.mechanism)
     mechanism = registry.make(args.mechanism, args.keys, args.epsilon, padding=args.padding if takes_padding else None)
     numpy_s, beam_s = [], []

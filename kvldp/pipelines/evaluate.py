@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from kvldp.mechanisms import metrics, registry
 from kvldp.mechanisms.local import run_local
-from kvldp.pipelines import common, figures, simulate
+from kvldp.pipelines import figures, mechanism_args, simulate, sources
 from kvldp.pipelines.flags import mechanism_flags
 from kvldp.pipelines.graphs import to_records
 from kvldp.pipelines.presets import PRESETS
@@ -54,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser):
                              "(same estimates, faster; built-in datasets only)")
     parser.add_argument("--top", "--top-sets", dest="top_sets", default=None,
                         help="top-t key sets to score, e.g. 20,50 (default 50); KS-GRR/KS-Adap use the largest as t")
-    common.add_mechanism_args(parser, single=False)
-    common.add_dataset_args(parser)
+    mechanism_args.add_mechanism_args(parser, single=False)
+    sources.add_dataset_args(parser)
     parser.set_defaults(users=None, keys=None, dataset=None)     # so a preset can fill them
 
 
@@ -143,7 +143,7 @@ def run_cell(cell, args, beam_args, out_dir: str):
     cell_args.query, cell_args.fanout = [], None
     cell_args.top = max(top_sets(args))        # KS-GRR/KS-Adap: candidates cover the largest set
     # a sweep mixes mechanisms: each takes the options it declares, the others are cleared
-    declared = set(registry.options_of(name)) | set(common.JOB_ROLES)
+    declared = set(registry.options_of(name)) | set(mechanism_args.JOB_ROLES)
     for option in mechanism_flags():
         if option not in declared:
             setattr(cell_args, option, None)
@@ -156,12 +156,12 @@ def run_cell(cell, args, beam_args, out_dir: str):
 def run_numpy(args, beam_args) -> dict:
     """``simulate.execute`` on the pure-NumPy local runner: the same seeds,
     dataset, mechanism and records (not written to a file)."""
-    seeds = common.Seeds.from_arg(args.seed)
-    dataset = common.built_in_dataset(args, seeds.data)
+    seeds = sources.Seeds.from_arg(args.seed)
+    dataset = sources.built_in_dataset(args, seeds.data)
     if dataset is None:
         raise ValueError("--engine numpy runs built-in datasets only (synthetic-*, clothing, movielens-100k)")
-    ioh_keys = common.resolve_ioh_keys(args, beam_args, dataset.key_names, dataset, None)
-    mechanism = common.make_mechanism(args, dataset.d, dataset, ioh_keys)
+    ioh_keys = mechanism_args.resolve_ioh_keys(args, beam_args, dataset.key_names, dataset, None)
+    mechanism = mechanism_args.make_mechanism(args, dataset.d, dataset, ioh_keys)
     result = run_local(mechanism, dataset, seeds.perturb, args.batch_size)
     records = to_records(result.estimates, dataset.key_names, result.truth, keys=mechanism.estimate_keys)
     return {"mechanism": mechanism, "dataset": dataset.name, "records": records, "n_users": dataset.n_users,

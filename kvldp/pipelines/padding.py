@@ -28,7 +28,7 @@ Where the histogram comes from (each source read at most once extra):
   run (uu/gg: milliseconds; multi: ~10 s per 10^6 users); an explicit ``l``
   is checked in the main job and warned about after the run.
 * a ratings file without ``--key-dictionary``: the pre-pass that derives the
-  dictionary measures the sizes too, at no extra cost (``common.
+  dictionary measures the sizes too, at no extra cost (``sources.
   derive_dictionary_and_sizes``); both ``auto`` and an explicit ``l`` are
   settled before the run.
 * a ratings file with ``--key-dictionary``: ``auto`` runs one pre-pass over
@@ -36,7 +36,7 @@ Where the histogram comes from (each source read at most once extra):
   after the run (no extra pass for the common case).
 
 "In the main job" is a ``CombineGlobally`` of one ``np.bincount`` per user
-batch written to a scratch file (``common.write_size_histogram``).
+batch written to a scratch file (``sources.write_size_histogram``).
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ from kvldp.mechanisms.padding import (
     merge_histograms,
     size_histogram,
 )
-from kvldp.pipelines import common
+from kvldp.pipelines import mechanism_args, runner, sources
 
 
 def takes_padding(mechanism: str) -> bool:
@@ -96,7 +96,7 @@ def data_set_sizes(args, beam_args: Sequence[str], dataset: Dataset | None,
         if isinstance(dataset, InMemoryDataset):
             return size_histogram(dataset.users)
         return merge_histograms(size_histogram(b) for b in dataset.batches(args.batch_size))
-    return common.users_prepass(args, beam_args, dictionary, size_histogram, "SetSizes")
+    return sources.users_prepass(args, beam_args, dictionary, size_histogram, "SetSizes")
 
 
 def describe_sizes(hist: np.ndarray) -> str:
@@ -142,13 +142,13 @@ class PaddingPlan:
     def attach(self, users: beam.PCollection, beam_args: Sequence[str]):
         """Measure the set sizes in the main job when they are not known yet."""
         if self.l is not None and self.histogram is None:
-            self.pending = common.scratch_path(beam_args, "set_sizes.npy")
-            common.write_size_histogram(users, self.pending)
+            self.pending = runner.scratch_path(beam_args, "set_sizes.npy")
+            sources.write_size_histogram(users, self.pending)
 
     def after_run(self):
         """Read the main job's histogram and warn if ``l`` truncated too many."""
         if self.pending is not None and self.histogram is None:
-            self.histogram = common.read_array(self.pending)
+            self.histogram = runner.read_array(self.pending)
             self.inspect()
 
     def inspect(self):
@@ -174,7 +174,7 @@ def resolve_padding(args, beam_args: Sequence[str], dataset: Dataset | None, dic
 
     Call ``plan.attach(users, beam_args)`` while building the main job and
     ``plan.after_run()`` after it, so that an unchecked ``l`` is checked
-    there; pass ``plan.l`` to ``common.make_mechanism(…, padding=plan.l)``.
+    there; pass ``plan.l`` to ``mechanism_args.make_mechanism(…, padding=plan.l)``.
     For a mechanism without padding the plan is empty and ``--padding`` is
     left for ``make_mechanism`` to reject as before."""
     out = out or sys.stdout
@@ -183,7 +183,7 @@ def resolve_padding(args, beam_args: Sequence[str], dataset: Dataset | None, dic
     coverage = DEFAULT_COVERAGE if args.coverage is None else float(args.coverage)
     if not 0 < coverage <= 1:
         raise ValueError(f"--coverage must be in (0, 1], got {coverage}")
-    if args.padding == common.AUTO_PADDING:
+    if args.padding == mechanism_args.AUTO_PADDING:
         hist = set_sizes if set_sizes is not None else data_set_sizes(args, beam_args, dataset, dictionary)
         plan = PaddingPlan(choose_padding(hist, coverage), True, coverage, hist)
         check = check_padding(hist, plan.l, coverage)
@@ -213,7 +213,7 @@ def padding_from_reports(args, config: dict) -> int | None:
     with the report files ``--input`` (as IOH's keys are); ``None``
     otherwise, which leaves ``--padding`` as given (``make_mechanism``'s
     default is 1)."""
-    if args.padding != common.AUTO_PADDING or not takes_padding(args.mechanism):
+    if args.padding != mechanism_args.AUTO_PADDING or not takes_padding(args.mechanism):
         return None
     found = config.get("padding")
     if found is None:

@@ -8,7 +8,7 @@ import time
 
 import apache_beam as beam
 
-from kvldp.pipelines import common, report
+from kvldp.pipelines import mechanism_args, report, runner, sources
 from kvldp.pipelines.graphs import ioh_counts_file, protocol_summary, simulate_graph
 from kvldp.pipelines.padding import resolve_padding
 from kvldp.pipelines.query import print_queries
@@ -18,8 +18,8 @@ from kvldp.transforms.ratings import write_dead_letters
 
 
 def add_arguments(parser: argparse.ArgumentParser):
-    common.add_mechanism_args(parser)
-    common.add_dataset_args(parser)
+    mechanism_args.add_mechanism_args(parser)
+    sources.add_dataset_args(parser)
     parser.add_argument("--output", default=None, help="estimates file (.avro, .jsonl or .csv)")
     parser.add_argument("--rows", type=int, default=10, help="keys shown in the table")
     parser.add_argument("--fanout", type=int, default=None, help="CombineGlobally fanout")
@@ -34,19 +34,19 @@ def execute(args, beam_args) -> dict:
     It prints only what concerns the padding (``pipelines/padding.py``): the
     ``l`` that ``--padding auto`` chose, before the run, and a ``WARNING:``
     on stderr, before or after the run, when ``l`` truncates many users."""
-    seeds = common.Seeds.from_arg(args.seed)
-    dataset = common.built_in_dataset(args, seeds.data)
-    dictionary, set_sizes = (None, None) if dataset is not None else common.key_dictionary_and_sizes(args, beam_args)
+    seeds = sources.Seeds.from_arg(args.seed)
+    dataset = sources.built_in_dataset(args, seeds.data)
+    dictionary, set_sizes = (None, None) if dataset is not None else sources.key_dictionary_and_sizes(args, beam_args)
     key_names = dataset.key_names if dataset is not None else dictionary
-    ioh_keys = common.resolve_ioh_keys(args, beam_args, key_names, dataset, dictionary)
+    ioh_keys = mechanism_args.resolve_ioh_keys(args, beam_args, key_names, dataset, dictionary)
     padding = resolve_padding(args, beam_args, dataset, dictionary, set_sizes)
     if getattr(args, "query", None) and ioh_keys is None:
         raise ValueError("--query needs an IOH mechanism (ioh-oue, ioh-sue)")
-    output = args.output or common.scratch_path(beam_args, "estimates.jsonl")
+    output = args.output or runner.scratch_path(beam_args, "estimates.jsonl")
     summary_path, counts_path = output + ".protocol.json", output + ".counts.avro"
-    p = common.make_pipeline(beam_args)
-    source = common.user_source(p, args, dataset, dictionary)
-    mechanism = common.make_mechanism(args, source.d, dataset, ioh_keys, padding=padding.l)
+    p = runner.make_pipeline(beam_args)
+    source = sources.user_source(p, args, dataset, dictionary)
+    mechanism = mechanism_args.make_mechanism(args, source.d, dataset, ioh_keys, padding=padding.l)
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
     # users -> state after round 1 -> … -> final state -> records (+ summary)
     run = simulate_graph(source.users, mechanism, seeds.perturb, source.key_names, args.fanout)
@@ -63,7 +63,7 @@ def execute(args, beam_args) -> dict:
     result.wait_until_finish()
     padding.after_run()                            # warns when l truncated too many users
     return {"mechanism": mechanism, "dataset": getattr(dataset, "name", args.dataset), "output": output,
-            "seconds": time.perf_counter() - start, "stats": common.counters(result),
+            "seconds": time.perf_counter() - start, "stats": runner.counters(result),
             "records": report.read_estimates(output), "n_users": getattr(dataset, "n_users", None),
             "protocol": json.loads(read_text(summary_path)) if mechanism.max_rounds > 1 else None,
             "counts_path": counts_path if ioh_keys is not None else None, "padding": padding.summary()}
@@ -79,7 +79,7 @@ def run(args, beam_args) -> dict:
         info = out["protocol"]
         print(f"rounds run: {info['rounds_run']} of at most {info['max_rounds']}; "
               f"epsilon spent per user: {info['epsilon_spent']:.6g} of {mechanism.epsilon:g}")
-    common.print_row_summary(stats)
+    runner.print_row_summary(stats)
     report.print_table(records, args.rows)
     print(" ".join(f"{k}={v:.4g}" for k, v in summary.items()))
     print(f"estimates written to {out['output']}")

@@ -20,7 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 from kvldp import schemas
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms.protocol import Collection
-from kvldp.pipelines import common, report
+from kvldp.pipelines import mechanism_args, report, runner, sources
 from kvldp.pipelines.graphs import collect_graph, ioh_counts_file
 from kvldp.pipelines.padding import padding_from_reports, resolve_padding
 from kvldp.schemas.records import broadcast_records, state_from_broadcast
@@ -55,8 +55,8 @@ def collection_id(text: str) -> str:
 
 
 def add_perturb_arguments(parser: argparse.ArgumentParser):
-    common.add_mechanism_args(parser)
-    common.add_dataset_args(parser)
+    mechanism_args.add_mechanism_args(parser)
+    sources.add_dataset_args(parser)
     add_round_arguments(parser).add_argument(
         "--collection-id", type=collection_id, default=None,
         help="32 hex digits keying the users' group assignment: round 1 uses it (default: derived from the "
@@ -151,19 +151,19 @@ def perturb_state(args, protocol, seed: int, dataset, key_names):
 def run_perturb(args, beam_args) -> dict:
     if args.dataset_input:
         args.dataset = args.dataset_input
-    seeds = common.Seeds.from_arg(args.seed)
-    dataset = common.built_in_dataset(args, seeds.data)
-    dictionary, set_sizes = (None, None) if dataset is not None else common.key_dictionary_and_sizes(args, beam_args)
+    seeds = sources.Seeds.from_arg(args.seed)
+    dataset = sources.built_in_dataset(args, seeds.data)
+    dictionary, set_sizes = (None, None) if dataset is not None else sources.key_dictionary_and_sizes(args, beam_args)
     prefix = report_prefix(args.output)
     key_names = dataset.key_names if dataset is not None else dictionary
-    ioh_keys = common.resolve_ioh_keys(args, beam_args, key_names, dataset, dictionary)
+    ioh_keys = mechanism_args.resolve_ioh_keys(args, beam_args, key_names, dataset, dictionary)
     padding = resolve_padding(args, beam_args, dataset, dictionary, set_sizes)   # 'auto' -> l; warns if l truncates
-    mechanism = common.make_mechanism(args, len(key_names), dataset, ioh_keys, padding=padding.l)
+    mechanism = mechanism_args.make_mechanism(args, len(key_names), dataset, ioh_keys, padding=padding.l)
     r = args.round - 1
     state = perturb_state(args, mechanism, seeds.perturb, dataset, key_names)
     config = round_config(mechanism, r, state.collection)
-    p = common.make_pipeline(beam_args)
-    source = common.user_source(p, args, dataset, dictionary)
+    p = runner.make_pipeline(beam_args)
+    source = sources.user_source(p, args, dataset, dictionary)
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
     reports = source.users | "Perturb" >> Perturb(mechanism, seeds.perturb, r, state)
     reports | "WriteReports" >> WriteReports(prefix, config)
@@ -174,8 +174,8 @@ def run_perturb(args, beam_args) -> dict:
     result = p.run()
     result.wait_until_finish()
     padding.after_run()                            # warns when l truncated too many users
-    stats = common.counters(result)
-    common.print_row_summary(stats)
+    stats = runner.counters(result)
+    runner.print_row_summary(stats)
     print(f"{stats.get('reports_written', 0)} reports of {mechanism!r}"
           f"{f' round {args.round}' if mechanism.max_rounds > 1 else ''} written to {prefix}-*.avro; "
           f"key dictionary {prefix}.keys.txt")
@@ -187,7 +187,7 @@ def run_perturb(args, beam_args) -> dict:
 
 
 def add_collect_arguments(parser: argparse.ArgumentParser):
-    common.add_mechanism_args(parser)
+    mechanism_args.add_mechanism_args(parser)
     add_round_arguments(parser)
     parser.add_argument("--input", required=True, help="report files, e.g. 'REPORTS*.avro'")
     parser.add_argument("--key-dictionary", default=None, help="REPORTS.keys.txt written by perturb")
@@ -221,7 +221,7 @@ def check_collection(pattern: str, found: dict, expected: dict) -> None:
 
 def collect_key_names(args) -> list[str]:
     if args.key_dictionary:
-        return common.read_dictionary(args.key_dictionary)
+        return sources.read_dictionary(args.key_dictionary)
     if args.keys:
         return [str(k) for k in range(args.keys)]
     sys.exit("collect needs --key-dictionary (from perturb) or --keys d")
@@ -256,13 +256,14 @@ def run_collect(args, beam_args) -> dict:
     names = collect_key_names(args)
     found = report_config(args.input)      # every file's header, read once, before any compute
     ioh_keys = None
-    if common.takes_ioh_keys(args):
+    if mechanism_args.takes_ioh_keys(args):
         # the chosen keys travel with the reports; --ioh-keys may restate them
-        ioh_keys = common.named_keys(args.ioh_keys, names) if args.ioh_keys else found.get("ioh_keys")
+        ioh_keys = mechanism_args.named_keys(args.ioh_keys, names) if args.ioh_keys else found.get("ioh_keys")
     # --padding auto: the l the perturbing side chose, read from the reports' config
-    mechanism = common.make_mechanism(args, len(names), ioh_keys=ioh_keys, padding=padding_from_reports(args, found))
+    padding = padding_from_reports(args, found)
+    mechanism = mechanism_args.make_mechanism(args, len(names), ioh_keys=ioh_keys, padding=padding)
     r, previous, expected = collect_start(args, mechanism, names, found)
-    p = common.make_pipeline(beam_args)
+    p = runner.make_pipeline(beam_args)
     key_names = p | "KeyNames" >> beam.Create([names])
     reports = p | "ReadReports" >> ReadReports(args.input, mechanism, r, expected)
     # reports -> counts of round r -> the state after round r -> records
@@ -277,7 +278,7 @@ def run_collect(args, beam_args) -> dict:
         ioh_counts_file(out["counts"], None, mechanism, key_names, counts_out)
     result = p.run()
     result.wait_until_finish()
-    stats = common.counters(result)
+    stats = runner.counters(result)
     print_collected(args, mechanism, stats, broadcast_out, counts_out)
     return {"output": args.output, "stats": stats, "broadcast": broadcast_out, "counts": counts_out}
 

@@ -1,0 +1,109 @@
+"""Running a job: the pipeline factory (the safe local runner), scratch paths, counters."""
+from __future__ import annotations
+
+import io
+import logging
+import os
+import sys
+import tempfile
+import uuid
+import warnings
+from collections.abc import Sequence
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import (
+    DirectOptions,
+    GoogleCloudOptions,
+    PipelineOptions,
+    StandardOptions,
+)
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+SAFE_RUNNING_MODE = "in_memory"
+
+
+class _InMemoryWorkersNotice(logging.Filter):
+    """Drops Beam's notice that ``in_memory`` with 2 workers has no
+    parallelism: its ParallelBundleManager does run the partitions of a stage
+    on 2 embedded workers in threads (2 workers measured 1.3x faster than 1,
+    DESIGN.md), so the notice would mislead on every job."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("If direct_num_workers is not equal to 1")
+
+
+logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner").addFilter(_InMemoryWorkersNotice())
+
+
+def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
+    """A pipeline with every Beam option passed through.
+
+    Without ``--runner`` it runs on the in-process FnApiRunner (what
+    DirectRunner falls back to) so a local batch job never tries to download
+    the Prism binary (DESIGN.md), in ``in_memory`` mode with two workers.
+    ``multi_threading`` (this CLI's default before) flushes its data plane
+    from a timer thread in the middle of an element, and the runner then
+    decodes half an element: a runaway allocation, ``Unknown type tag``, or
+    silently lost batches (``shared/repro/beam_timed_flush.py``). A user who
+    asks for it gets it, with a warning.
+    """
+    options = PipelineOptions(list(beam_args))
+    if options.view_as(StandardOptions).runner is not None:
+        return beam.Pipeline(options=options)
+    direct = options.view_as(DirectOptions)
+    if not any(a.startswith("--direct_num_workers") for a in beam_args):
+        direct.direct_num_workers = min(2, os.cpu_count() or 1)
+    if not any(a.startswith("--direct_running_mode") for a in beam_args):
+        direct.direct_running_mode = SAFE_RUNNING_MODE
+    elif direct.direct_running_mode == "multi_threading":
+        warnings.warn("--direct_running_mode multi_threading can corrupt elements in Beam's local runner "
+                      "(a timed flush splits an element: runaway memory, 'Unknown type tag' or lost batches); "
+                      f"the default, {SAFE_RUNNING_MODE}, is safe", RuntimeWarning, stacklevel=2)
+    return beam.Pipeline(runner=FnApiRunner(), options=options)
+
+
+def scratch_path(beam_args: Sequence[str], name: str) -> str:
+    """A fresh path for an intermediate file both the workers and this
+    process can reach: under ``--temp_location`` when given (remote
+    runners), else in a local temporary directory."""
+    temp = PipelineOptions(list(beam_args)).view_as(GoogleCloudOptions).temp_location
+    if temp:
+        return FileSystems.join(temp, f"kvldp-{uuid.uuid4().hex}", name)
+    return os.path.join(tempfile.mkdtemp(prefix="kvldp-"), name)
+
+
+def read_array(path: str) -> np.ndarray:
+    with FileSystems.open(path) as fh:
+        return np.load(io.BytesIO(fh.read()))
+
+
+def counters(result) -> dict[str, int]:
+    """The ``kvldp`` counters of a finished pipeline."""
+    out: dict[str, int] = {}
+    try:
+        for c in result.metrics().query()["counters"]:
+            if c.key.metric.namespace == "kvldp":
+                value = c.committed if c.committed is not None else c.attempted
+                out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(value or 0)
+    except Exception as err:  # some runners do not report metrics
+        print(f"(metrics unavailable: {err})", file=sys.stderr)
+    return out
+
+
+def print_row_summary(stats: dict[str, int], out=None):
+    """``rows read = accepted + rejected`` for jobs that read ratings files."""
+    out = out or sys.stdout
+    if "rows_read" not in stats:
+        return
+    read, acc, rej = stats.get("rows_read", 0), stats.get("rows_accepted", 0), stats.get("rows_rejected", 0)
+    status = "ok" if read == acc + rej else "MISMATCH"
+    print(f"rows read {read} = accepted {acc} + rejected {rej} [{status}]", file=out)
+
+
+def save_array(array, path: str):
+    buf = io.BytesIO()
+    np.save(buf, array)
+    with FileSystems.create(path) as fh:
+        fh.write(buf.getvalue())

@@ -1,0 +1,187 @@
+"""Where a job's users come from: built-in datasets or ratings files, the key
+dictionary, the seeds, and the ingest-side pre-passes over the raw data."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+
+from kvldp.datasets import Dataset, SyntheticDataset, load_clothing, load_movielens_100k
+from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
+from kvldp.mechanisms.padding import merge_histograms, size_histogram
+from kvldp.mechanisms.randomness import fresh_seed
+from kvldp.pipelines.runner import make_pipeline, read_array, save_array, scratch_path
+from kvldp.transforms.ratings import DEAD_LETTER, ReadRatings
+
+DATASETS = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr", "clothing", "movielens-100k")
+
+
+def add_dataset_args(parser: argparse.ArgumentParser, default: str | None = "synthetic-uu"):
+    parser.add_argument("--dataset", default=default,
+                        help=f"one of {', '.join(DATASETS)}, or a ratings file/pattern (CSV, JSONL, Avro)")
+    parser.add_argument("--dataset-path", default=None, help="where the clothing .mat file is")
+    parser.add_argument("--users", type=int, default=1_000_000, help="synthetic users")
+    parser.add_argument("--keys", type=int, default=100, help="synthetic keys d")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="run seed (simulations/tests); default: fresh from the OS CSPRNG")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="users per batch")
+    parser.add_argument("--resample-users", type=int, default=None,
+                        help="bootstrap a real dataset's users up to N (labelled in the output)")
+    ratings = parser.add_argument_group("ratings files")
+    ratings.add_argument("--input-format", choices=("csv", "jsonl", "avro"), default=None)
+    ratings.add_argument("--user-col", default="user")
+    ratings.add_argument("--item-col", default="item")
+    ratings.add_argument("--rating-col", default="rating")
+    ratings.add_argument("--rating-range", default="-1,1", help="lo,hi of the ratings (mapped onto [-1, 1])")
+    ratings.add_argument("--key-dictionary", default=None,
+                         help="file with one item id per line (index = key); default: the items in the data")
+    ratings.add_argument("--shards", type=int, default=16, help="user shards (= report batches) for files")
+
+
+def parse_range(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--rating-range must be 'lo,hi', got {text!r}") from None
+    if not lo < hi:
+        raise SystemExit(f"--rating-range needs lo < hi, got {text!r}")
+    return lo, hi
+
+
+def read_dictionary(path: str) -> list[str]:
+    with FileSystems.open(path) as fh:
+        names = [line.strip() for line in fh.read().decode("utf-8").splitlines() if line.strip()]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"key dictionary {path} lists a key twice")
+    if not names:
+        raise SystemExit(f"key dictionary {path} is empty")
+    return names
+
+
+@dataclasses.dataclass
+class Seeds:
+    data: int
+    perturb: int
+
+    @classmethod
+    def from_arg(cls, seed: int | None) -> Seeds:
+        if seed is None:
+            return cls(fresh_seed(), fresh_seed())
+        return cls(seed, seed)
+
+
+def built_in_dataset(args, data_seed: int) -> Dataset | None:
+    """The named dataset, or ``None`` when ``--dataset`` is a file pattern."""
+    dataset = _named_dataset(args, data_seed)
+    n = getattr(args, "resample_users", None)
+    if n:
+        if not hasattr(dataset, "resampled"):
+            raise ValueError("--resample-users applies to real datasets (clothing, movielens-100k)")
+        dataset = dataset.resampled(n, data_seed)
+    return dataset
+
+
+def _named_dataset(args, data_seed: int) -> Dataset | None:
+    name = args.dataset
+    if name in ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr"):
+        return SyntheticDataset(name.split("-", 1)[1], n_users=args.users, d=args.keys,
+                                seed=data_seed)
+    if name == "clothing":
+        return load_clothing(args.dataset_path)
+    if name == "movielens-100k":
+        return load_movielens_100k()
+    return None
+
+
+@dataclasses.dataclass
+class UserSource:
+    """Users as a PCollection of ``UserBatch``, plus what the job needs about them."""
+
+    users: beam.PCollection
+    key_names: beam.PCollection          # a single list of item ids
+    dead_letter: beam.PCollection | None
+    d: int
+
+
+def derive_dictionary_and_sizes(args, beam_args) -> tuple[list[str], np.ndarray]:
+    """The pre-pass over ratings files: the sorted distinct item ids and the
+    users' set-size histogram (``mechanisms.padding``) in one job. The
+    histogram costs nothing extra: ``ReadRatings`` assembles the users
+    anyway, and with the derived dictionary the main job accepts exactly the
+    same rows, so it is the histogram of the users the main job perturbs."""
+    out, sizes = scratch_path(beam_args, "keys.txt"), scratch_path(beam_args, "set_sizes.npy")
+    p = make_pipeline(beam_args)
+    read = p | "ReadRatings" >> ReadRatings(
+        args.dataset, parse_range(args.rating_range), None, args.input_format,
+        args.user_col, args.item_col, args.rating_col, args.shards)
+    (read["dictionary"] | "Join" >> beam.Map("\n".join)
+     | "Write" >> beam.io.WriteToText(out, num_shards=1, shard_name_template=""))
+    write_size_histogram(read["users"], sizes)
+    p.run().wait_until_finish()
+    return read_dictionary(out), read_array(sizes)
+
+
+def write_size_histogram(users: beam.PCollection, path: str, label: str = "SetSizes"):
+    """Add a branch writing the set-size histogram of ``users`` to ``path``."""
+    return sum_per_batch(users, size_histogram, path, label)
+
+
+def sum_per_batch(users: beam.PCollection, per_batch, path: str, label: str):
+    """Add a branch writing the sum of ``per_batch(UserBatch)`` arrays (of any
+    lengths, ``merge_histograms``) to ``path`` as ``.npy``."""
+    return (users
+            | f"{label}Count" >> beam.Map(per_batch)
+            | f"{label}Sum" >> beam.CombineGlobally(merge_histograms)
+            | f"{label}Save" >> beam.Map(save_array, path))
+
+
+def users_prepass(args, beam_args, dictionary: Sequence[str], per_batch, name: str) -> np.ndarray:
+    """One pre-pass job over a ratings file's users (ingest side): the sum of
+    ``per_batch(UserBatch)`` over every batch."""
+    path = scratch_path(beam_args, f"{name}.npy")
+    p = make_pipeline(beam_args)
+    sum_per_batch(user_source(p, args, None, dictionary).users, per_batch, path, name)
+    p.run().wait_until_finish()
+    return read_array(path)
+
+
+def user_source(p: beam.Pipeline, args, dataset: Dataset | None,
+                dictionary: Sequence[str] | None = None) -> UserSource:
+    """Generate a built-in dataset's batches on the workers, or read ratings
+    (``dictionary``: the key dictionary for ratings files)."""
+    if dataset is not None:
+        users = (p
+                 | "BatchSpecs" >> beam.Create(dataset.specs(args.batch_size))
+                 | "SpreadBatches" >> beam.Reshuffle()
+                 | "MakeUsers" >> beam.MapTuple(dataset.batch))
+        names = p | "KeyNames" >> beam.Create([dataset.key_names])
+        return UserSource(users, names, None, dataset.d)
+    read = p | "ReadRatings" >> ReadRatings(
+        args.dataset, parse_range(args.rating_range), dictionary, args.input_format,
+        args.user_col, args.item_col, args.rating_col, args.shards)
+    return UserSource(read["users"], read["dictionary"], read[DEAD_LETTER], len(dictionary))
+
+
+def key_dictionary_and_sizes(args, beam_args) -> tuple[list[str], np.ndarray | None]:
+    """The key dictionary of a ratings-file dataset and, when a pre-pass runs
+    to derive it, the users' set-size histogram (``None`` with a given
+    ``--key-dictionary``: no pass has read the data yet)."""
+    if args.key_dictionary:
+        return read_dictionary(args.key_dictionary), None
+    return derive_dictionary_and_sizes(args, beam_args)
+
+
+def key_frequencies(args, beam_args, dataset: Dataset | None, dictionary) -> np.ndarray:
+    """How many users hold each key (ingest side: it sees raw data)."""
+    if dataset is not None:
+        return merge_histograms(_key_counts(users, dataset.d) for users in dataset.batches(args.batch_size))
+    return users_prepass(args, beam_args, dictionary, functools.partial(_key_counts, d=len(dictionary)), "KeyCounts")
+
+
+def _key_counts(users, d: int) -> np.ndarray:
+    return np.bincount(users.keys, minlength=d)
