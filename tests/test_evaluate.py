@@ -110,3 +110,13 @@ def test_advise_cli_prints_expected_errors(capsys):
     assert cli.main(["advise", "--users", "1000000", "--keys", "100", "--epsilon", "4", "--frequency", "0.05"]) == 0
     text = capsys.readouterr().out
     assert "recommended: pckv-ue" in text and "pckv-grr: frequency ±" in text
+
+
+def test_a_mixed_sweep_gives_ioh_flags_to_ioh_cells_only(tmp_path):
+    """--ioh-top in a sweep of IOH and non-IOH mechanisms: each cell takes the
+    options it declares (before: the non-IOH cells refused --ioh-top)."""
+    from kvldp.pipelines import cli
+
+    assert cli.main(["evaluate", "--mechanisms", "pckv-ue,ioh-oue", "--epsilons", "2", "--repeats", "1",
+                     "--users", "3000", "--keys", "6", "--ioh-top", "2", "--engine", "numpy",
+                     "--out", str(tmp_path / "ev")]) == 0

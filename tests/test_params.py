@@ -102,7 +102,8 @@ def test_beam_flags_still_pass_through():
     ours = cli.subcommand_parser(cli.parser(), "simulate")
     for beam_args in (["--runner", "DirectRunner"], ["--runner=DirectRunner"], ["--direct_num_workers", "1"],
                       ["--temp_location", "/tmp/x"], ["--save_main_session"], ["--experiments=a", "--experiments=b"],
-                      ["--flink_master", "localhost:8081", "--environment_type", "LOOPBACK"]):
+                      ["--flink_master", "localhost:8081", "--environment_type", "LOOPBACK"],
+                      ["--render_output=graph.png"]):
         flags.check_beam_args(beam_args, ours)          # no error
 
 

@@ -147,6 +147,8 @@ def run_cell(cell, args, beam_args, out_dir: str):
     for option in mechanism_flags():
         if option not in declared:
             setattr(cell_args, option, None)
+    if "ioh_keys" not in declared:
+        cell_args.ioh_top = None            # IOH's key choice, a job flag
     out = (run_numpy if getattr(args, "engine", "beam") == "numpy" else simulate.execute)(cell_args, beam_args)
     n_users = out["n_users"] or out["stats"].get("users_assembled") or args.users
     info = {"mechanism": name, "epsilon": eps, "repeat": repeat, "dataset": out["dataset"], "n_users": n_users}

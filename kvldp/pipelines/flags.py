@@ -10,8 +10,10 @@ mechanisms declare must mean one thing: the same declaration
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
+import importlib
 
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
@@ -88,9 +90,18 @@ def add_mechanism_flags(group, exclude=()) -> list[str]:
     return added
 
 
+# Modules outside pipeline_options that define options of their runners: a
+# runner imports its module only when it is built, after this check.
+RUNNER_OPTION_MODULES = ("apache_beam.runners.render", "apache_beam.yaml.options",
+                         "apache_beam.runners.dask.dask_runner")
+
+
 def beam_parser() -> argparse.ArgumentParser:
     """Beam's own parser of pipeline options, built as ``PipelineOptions``
     builds it (every ``PipelineOptions`` subclass adds its flags)."""
+    for module in RUNNER_OPTION_MODULES:
+        with contextlib.suppress(ImportError):      # an optional runner that is not installed
+            importlib.import_module(module)
     parser = _BeamArgumentParser(allow_abbrev=False)
     subset = {}
     for cls in PipelineOptions.__subclasses__():
