@@ -118,9 +118,8 @@ class Reports(abc.ABC):
         """Same type and the same arrays, bit for bit."""
         if type(self) is not type(other):
             return False
-        mine, theirs = dataclasses.asdict(self), dataclasses.asdict(other)
-        return all(np.array_equal(v, theirs[k]) if isinstance(v, np.ndarray) else v == theirs[k]
-                   for k, v in mine.items() if k != "batch_id")
+        return all(np.array_equal(getattr(self, f.name), getattr(other, f.name))
+                   for f in dataclasses.fields(self) if f.name != "batch_id")
 
 
 @dataclasses.dataclass(frozen=True)

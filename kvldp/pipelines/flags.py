@@ -53,6 +53,13 @@ def mechanism_flags() -> dict[str, Flag]:
     return out
 
 
+def option_type(name: str):
+    """The argparse ``type`` of option ``name``: parse, then check against
+    its declaration (a job that declares the flag by hand, as advise does
+    ``--padding``, reuses it)."""
+    return _argparse_type(mechanism_flags()[name])
+
+
 def _argparse_type(flag: Flag):
     parse = flag.meta.get("parse") or str
 

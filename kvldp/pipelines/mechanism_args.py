@@ -9,22 +9,16 @@ import numpy as np
 
 from kvldp.datasets import Dataset
 from kvldp.mechanisms import registry
-from kvldp.mechanisms.params import AUTO, whole_or_auto
-from kvldp.pipelines.flags import add_mechanism_flags, mechanism_flags
+from kvldp.mechanisms.params import AUTO
+from kvldp.pipelines.flags import add_mechanism_flags, mechanism_flags, option_type
 from kvldp.pipelines.sources import key_frequencies
 
 AUTO_PADDING = AUTO
 
 
-def parse_padding(text: str):
-    """``--padding``: a whole number ``l >= 1`` or ``auto`` (advise's flag)."""
-    try:
-        l = whole_or_auto(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"padding {err}") from None
-    if l != AUTO and l < 1:
-        raise argparse.ArgumentTypeError(f"padding length l must be >= 1, got {l}")
-    return l
+# ``--padding`` for a job that declares it by hand (advise): the generated
+# flag's parser, a whole number ``l >= 1`` or ``auto``.
+parse_padding = option_type("padding")
 
 
 def add_mechanism_args(parser: argparse.ArgumentParser, single: bool = True):

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from kvldp.mechanisms.params import whole_or_auto
+from kvldp.mechanisms.params import floats, whole_or_auto
 from kvldp.pipelines import cli
 from kvldp.pipelines.flags import mechanism_flags
 
@@ -33,7 +33,7 @@ def _regex(action: argparse.Action, option_meta: dict | None) -> str | None:
         return WHOLE
     if parse is float:
         return NUMBER
-    if getattr(parse, "__name__", "") == "floats":
+    if parse is floats:
         return NUMBERS
     return None
 
