@@ -18,7 +18,7 @@ from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.randomness import batch_rng
 from kvldp.pipelines.graphs import collect_graph
 from kvldp.pipelines.runner import counters
-from kvldp.transforms.accumulate import Accumulate, RoundCombineFn
+from kvldp.transforms.accumulate import Accumulate, Calibrate, RoundCombineFn
 from kvldp.transforms.io import WriteEstimates
 from kvldp.transforms.perturb import Perturb, PerturbFn
 from kvldp.transforms.ratings import DEAD_LETTER, ReadRatings
@@ -86,6 +86,30 @@ def test_windowed_accumulation():
                   | beam.Map(lambda c: int(c[0])))
         assert_that(counts, lambda got: _assert(sorted(got) == [2_000, 2_000], got))
 
+
+
+def test_windowed_calibration_equals_the_local_estimates_of_each_window():
+    """Accumulate | Calibrate per fixed window: each window's Estimates are
+    exactly the local runner's over that window's batches."""
+    from apache_beam.transforms import window
+
+    from kvldp.mechanisms.randomness import batch_rng
+
+    mech = registry.make("pckv-grr", 10, 1.0)
+    data = SyntheticDataset("uu", n_users=4_000, d=10, seed=3)
+    expected = []
+    for first in (0, 2):
+        counts = mech.new_counts()
+        for b in (first, first + 1):
+            mech.accumulate(counts, mech.perturb(data.batch(*data.specs(1_000)[b]), batch_rng(1, b)))
+        expected.append(mech.estimate(counts).frequency)
+    with beam.Pipeline(runner=FnApiRunner()) as p:
+        est = (p | beam.Create(data.specs(1_000)) | beam.MapTuple(data.batch)
+               | beam.Map(lambda b: window.TimestampedValue(b, 10.0 * (b.batch_id // 2)))
+               | beam.WindowInto(window.FixedWindows(10))
+               | Perturb(mech, seed=1) | Accumulate(mech, windowed=True) | Calibrate(mech))
+        assert_that(est, lambda got: _assert(
+            sorted(sum(np.array_equal(e.frequency, x) for e in got) for x in expected) == [1, 1], got))
 
 def _assert(cond, got):
     if not cond:
