@@ -109,10 +109,10 @@ def test_key_frequencies_of_a_ratings_file_are_exact(tmp_path):
     lines = [f"{u},{i},{rng.integers(1, 6)}" for u, i in sorted(rows)] + ["u0,i3,9"]      # 9: out of range
     path = tmp_path / "r.csv"
     path.write_text("user,item,rating\n" + "\n".join(lines) + "\n")
-    args, beam_args = cli.parser().parse_known_args(
+    _, config, beam_args = cli.configure(
         ["simulate", "--mechanism", "ioh-oue", "--epsilon", "1", "--dataset", str(path), "--rating-range", "1,5",
          "--shards", "3"])
     names = [f"i{k}" for k in range(12)]
-    got = sources.key_frequencies(args, beam_args, None, names)
+    got = sources.key_frequencies(config.data, beam_args, None, names)
     want = np.bincount([int(i[1:]) for _, i in rows], minlength=12)
     np.testing.assert_array_equal(got, want)

@@ -35,7 +35,8 @@ from kvldp.mechanisms.padding import (
     truncated_users,
 )
 from kvldp.pipelines import advise as advise_mod
-from kvldp.pipelines import cli, mechanism_args, sources
+from kvldp.pipelines import cli, mechanism_args
+from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.padding import padding_from_reports, parse_set_sizes, resolve_padding
 from kvldp.pipelines.report import read_estimates
 from kvldp.transforms.io import report_config
@@ -222,40 +223,40 @@ def test_parse_set_sizes():
 
 
 def _mechanism_args(argv):
-    parser = argparse.ArgumentParser()
-    mechanism_args.add_mechanism_args(parser)
-    sources.add_dataset_args(parser)
-    return parser.parse_args(argv)
+    """The simulate config of ``simulate ARGV``: its mechanism and its data."""
+    _, config, _ = cli.configure(["simulate", *argv])
+    return config.mechanism, config.data
 
 
 def test_auto_needs_the_ingest_side():
     """A job that has not resolved ``auto`` (the collector) gets a clear error;
     a resolved padding overrides ``--padding``; ``--coverage`` is the padding
     rule's for padded mechanisms, not passed to them."""
-    args = _mechanism_args(["--mechanism", "pckv-ue", "--epsilon", "1", "--padding", "auto", "--coverage", "0.8"])
+    chosen, data = _mechanism_args(["--mechanism", "pckv-ue", "--epsilon", "1", "--padding", "auto",
+                                    "--coverage", "0.8"])
     with pytest.raises(ValueError, match="ingest side"):
-        mechanism_args.make_mechanism(args, 10)
-    assert mechanism_args.make_mechanism(args, 10, padding=3).l == 3
-    args = _mechanism_args(["--mechanism", "privkv", "--epsilon", "1", "--padding", "auto"])
+        chosen.make(10)
+    assert chosen.make(10, padding=3).l == 3
+    chosen, data = _mechanism_args(["--mechanism", "privkv", "--epsilon", "1", "--padding", "auto"])
     with pytest.raises(ValueError, match="does not take padding"):
-        mechanism_args.make_mechanism(args, 10)
-    assert resolve_padding(args, [], None, None).l is None          # nothing to resolve
+        chosen.make(10)
+    assert resolve_padding(chosen, data, [], None, None).l is None          # nothing to resolve
 
 
 def test_resolve_padding_on_a_loaded_dataset(capsys):
     data = _multi_data(2_000, 6, seed=1, probs=(0.5, 0.3, 0.2))
     hist = size_histogram(data.users)
-    args = _mechanism_args(["--mechanism", "ks-ue", "--epsilon", "1", "--padding", "auto"])
-    plan = resolve_padding(args, [], data, None)
+    chosen, config = _mechanism_args(["--mechanism", "ks-ue", "--epsilon", "1", "--padding", "auto"])
+    plan = resolve_padding(chosen, config, [], data, None)
     assert plan.l == choose_padding(hist) == 3 and plan.auto and plan.warning is None
     assert f"chose l = {plan.l}" in capsys.readouterr().out
-    args = _mechanism_args(["--mechanism", "ks-ue", "--epsilon", "1"])      # the dataset's default l = 1
-    plan = resolve_padding(args, [], data, None)
+    chosen, config = _mechanism_args(["--mechanism", "ks-ue", "--epsilon", "1"])  # the dataset's default l = 1
+    plan = resolve_padding(chosen, config, [], data, None)
     err = capsys.readouterr().err
     assert plan.l == 1 and err.startswith("WARNING:")
     assert f"truncates {truncated_users(hist, 1):,} of 2,000 users" in err and "would choose l = 3" in err
-    plan = resolve_padding(_mechanism_args(["--mechanism", "ks-ue", "--epsilon", "1", "--padding", "2",
-                                            "--coverage", "0.75"]), [], data, None)
+    plan = resolve_padding(*_mechanism_args(["--mechanism", "ks-ue", "--epsilon", "1", "--padding", "2",
+                                             "--coverage", "0.75"]), [], data, None)
     assert plan.warning is None and capsys.readouterr().err == ""
 
 
@@ -385,8 +386,9 @@ def test_perturb_auto_then_collect_reads_l_from_the_reports(ratings_file, tmp_pa
     assert "padding=3" in capsys.readouterr().out
     assert cli.main(collect) == 2                                  # l = 1 does not match the reports
     assert "rerun collect" in capsys.readouterr().err
-    args = argparse.Namespace(padding="auto", mechanism="pckv-grr", input=str(tmp_path / "r" / "R*.avro"))
-    assert padding_from_reports(args, report_config(args.input)) == 3
+    pattern = str(tmp_path / "r" / "R*.avro")
+    chosen = MechanismConfig("pckv-grr", 4.0, {"padding": "auto"})
+    assert padding_from_reports(chosen, pattern, report_config(pattern)) == 3
 
 
 def test_perturb_warns_after_the_run_with_an_explicit_l(ratings_file, tmp_path, capsys):

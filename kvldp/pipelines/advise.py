@@ -17,7 +17,6 @@ grows with ``l``. An explicit ``--padding`` is checked the same way.
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import math
 
@@ -37,6 +36,7 @@ from kvldp.pipelines.padding import (
     parse_set_sizes,
     warn_truncation,
 )
+from kvldp.pipelines.sources import DataConfig
 
 CANDIDATES = ("pckv-ue", "pckv-grr", "ks-ue")
 
@@ -121,40 +121,64 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.set_defaults(users=None, keys=None)
 
 
-def measure(args, beam_args) -> tuple[int, int, np.ndarray]:
-    """``(n, d, set-size histogram)`` of ``--dataset`` (ingest side: raw data)."""
-    data_args = copy.copy(args)
-    data_args.users = args.users or 1_000_000
-    data_args.keys = args.keys or 100
-    dataset = sources.built_in_dataset(data_args, sources.Seeds.from_arg(args.seed).data)
+@dataclasses.dataclass(frozen=True)
+class AdviseConfig:
+    """What to advise on: ``epsilon``; ``n`` and ``d`` as ``users``/``keys``,
+    or measured from ``data`` (a dataset or ratings file); the set sizes as
+    given (``set_sizes``) or measured; the padding to check (``None``/``auto``:
+    chosen); the key's ``frequency`` (None: 1/d) and ``mean``."""
+
+    epsilon: float
+    users: int | None = None
+    keys: int | None = None
+    data: DataConfig | None = None
+    set_sizes: np.ndarray | None = None
+    padding: int | str | None = None
+    coverage: float = DEFAULT_COVERAGE
+    frequency: float | None = None
+    mean: float = 0.0
+
+    def __post_init__(self):
+        if self.set_sizes is not None and self.data is not None:
+            raise ValueError("give --set-sizes or --dataset, not both")
+
+    @classmethod
+    def from_args(cls, args) -> AdviseConfig:
+        data = DataConfig.from_args(args, users=args.users or 1_000_000, keys=args.keys or 100) \
+            if args.dataset else None
+        sizes = parse_set_sizes(args.set_sizes) if args.set_sizes else None
+        return cls(args.epsilon, args.users, args.keys, data, sizes, args.padding, args.coverage,
+                   args.frequency, args.mean)
+
+
+def measure(data: DataConfig, beam_args) -> tuple[int, int, np.ndarray]:
+    """``(n, d, set-size histogram)`` of the dataset (ingest side: raw data)."""
+    dataset = sources.built_in_dataset(data, sources.Seeds.from_arg(data.seed).data)
     if dataset is not None:
-        return dataset.n_users, dataset.d, data_set_sizes(data_args, beam_args, dataset, None)
-    dictionary, hist = sources.key_dictionary_and_sizes(data_args, beam_args)
+        return dataset.n_users, dataset.d, data_set_sizes(data, beam_args, dataset, None)
+    dictionary, hist = sources.key_dictionary_and_sizes(data, beam_args)
     if hist is None:
-        hist = data_set_sizes(data_args, beam_args, None, dictionary)
+        hist = data_set_sizes(data, beam_args, None, dictionary)
     return int(hist.sum()), len(dictionary), hist
 
 
-def run(args, beam_args) -> dict:
-    hist = None
-    n, d = args.users, args.keys
-    if args.set_sizes and args.dataset:
-        raise ValueError("give --set-sizes or --dataset, not both")
-    if args.set_sizes:
-        hist = parse_set_sizes(args.set_sizes)
+def run(config: AdviseConfig, beam_args) -> dict:
+    hist = config.set_sizes
+    n, d = config.users, config.keys
+    if hist is not None:
         n = n or int(hist.sum())
-    elif args.dataset:
-        n, d, hist = measure(args, beam_args)
+    elif config.data is not None:
+        n, d, hist = measure(config.data, beam_args)
     if n is None or d is None:
         raise ValueError("advise needs --users and --keys (or --dataset to measure them)")
-    out = advise(n, d, args.epsilon, args.padding, args.frequency, args.mean, hist, args.coverage)
+    out = advise(n, d, config.epsilon, config.padding, config.frequency, config.mean, hist, config.coverage)
     l = out["l"]
     print(f"recommended: {out['recommendation']}")
     print(f"  {out['reason']}")
     if hist is not None:
         check = out["padding"]
         how = ("chosen: the smallest l with at least "
-               f"{args.coverage:.0%} of the users holding <= l pairs" if out["l_chosen"] else "given")
+               f"{config.coverage:.0%} of the users holding <= l pairs" if out["l_chosen"] else "given")
         print(f"padding: l = {l} ({how}); set sizes: {describe_sizes(hist)}")
         print(f"  at l = {l}: {check['truncated_users']:,} users truncated ({check['truncated_fraction']:.2%}), "
               f"{check['lost_pair_fraction']:.2%} of the pairs' frequency mass lost; "
@@ -163,10 +187,10 @@ def run(args, beam_args) -> dict:
         for row in out["padding_table"]:
             print(f"  {row['l']:>4} {row['truncated']:>10.2%} {row['lost_pairs']:>10.2%} "
                   f"{row['frequency_se']:>18.3g}")
-        if not out["l_chosen"] and check_padding(hist, l, args.coverage).too_small:
-            warn_truncation(check_padding(hist, l, args.coverage))
+        if not out["l_chosen"] and check_padding(hist, l, config.coverage).too_small:
+            warn_truncation(check_padding(hist, l, config.coverage))
     print(f"expected standard errors for a key with f = {out['f']:.4g}, m = {out['m']:+.3g} "
-          f"(n = {n:,}, d = {d}, l = {l}, eps = {args.epsilon:g}):")
+          f"(n = {n:,}, d = {d}, l = {l}, eps = {config.epsilon:g}):")
     for row in out["candidates"]:
         print(f"  {row['mechanism']:>9}: frequency ± {row['frequency_se']:.3g}   mean ± {row['mean_se']:.3g}")
     return out

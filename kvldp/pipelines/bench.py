@@ -3,40 +3,53 @@ local runner on the same data (generate -> perturb -> accumulate -> calibrate)."
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import numpy as np
 
-from kvldp.datasets import SyntheticDataset
-from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
 from kvldp.mechanisms.local import run_local
-from kvldp.pipelines import runner, sources
+from kvldp.pipelines import mechanism_args, runner, sources
 from kvldp.pipelines.graphs import simulate_graph
+from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.report import read_estimates
+from kvldp.pipelines.sources import DataConfig
 from kvldp.transforms.io import WriteEstimates
+
+SYNTHETIC = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr")
 
 
 def add_arguments(parser: argparse.ArgumentParser):
-    parser.add_argument("--mechanism", required=True)
-    parser.add_argument("--epsilon", type=float, default=4.0)
-    parser.add_argument("--users", type=int, default=1_000_000)
-    parser.add_argument("--keys", type=int, default=100)
-    parser.add_argument("--padding", "-l", type=int, default=1)
-    parser.add_argument("--dataset", default="synthetic-uu",
-                        choices=("synthetic-uu", "synthetic-gg", "synthetic-multi"))
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
+    mechanism_args.add_mechanism_args(parser, epsilon=4.0)
+    parser.add_argument("--users", type=sources.positive_int, default=1_000_000)
+    parser.add_argument("--keys", type=sources.positive_int, default=100)
+    parser.add_argument("--dataset", default="synthetic-uu", choices=SYNTHETIC)
+    parser.add_argument("--batch-size", type=sources.positive_int, default=DEFAULT_BATCH_SIZE)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3,
+    parser.add_argument("--repeats", type=sources.positive_int, default=3,
                         help="timed runs of each path; the best is reported (the first pays one-off warm-up)")
 
 
-def _beam_run(args, beam_args, dataset, mechanism) -> tuple[float, np.ndarray]:
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """The mechanism, the synthetic users it runs on, and how many timed runs."""
+
+    data: DataConfig
+    mechanism: MechanismConfig
+    repeats: int = 3
+
+    @classmethod
+    def from_args(cls, args) -> BenchConfig:
+        return cls(DataConfig.from_args(args), MechanismConfig.from_args(args), args.repeats)
+
+
+def _beam_run(config: BenchConfig, beam_args, dataset, mechanism) -> tuple[float, np.ndarray]:
     out = runner.scratch_path(beam_args, "estimates.jsonl")
     start = time.perf_counter()
     p = runner.make_pipeline(beam_args)
-    source = sources.user_source(p, args, dataset)
-    run = simulate_graph(source.users, mechanism, args.seed, source.key_names, truth=False)
+    source = sources.user_source(p, config.data, dataset)
+    run = simulate_graph(source.users, mechanism, config.data.seed, source.key_names, truth=False)
     run["records"] | "Write" >> WriteEstimates(out)
     p.run().wait_until_finish()
     seconds = time.perf_counter() - start
@@ -44,21 +57,22 @@ def _beam_run(args, beam_args, dataset, mechanism) -> tuple[float, np.ndarray]:
     return seconds, np.array([np.nan if r["frequency"] is None else r["frequency"] for r in records])
 
 
-def run(args, beam_args) -> dict:
-    dataset = SyntheticDataset(args.dataset.split("-", 1)[1], n_users=args.users, d=args.keys, seed=args.seed)
-    takes_padding = "padding" in registry.options_of(args.mechanism)
-    mechanism = registry.make(args.mechanism, args.keys, args.epsilon, padding=args.padding if takes_padding else None)
+def run(config: BenchConfig, beam_args) -> dict:
+    data = config.data
+    dataset = sources.built_in_dataset(data, data.seed)
+    mechanism = config.mechanism.make(dataset.d, dataset, mechanism_args.resolve_ioh_keys(
+        config.mechanism, data, beam_args, dataset.key_names, dataset, None))
     numpy_s, beam_s = [], []
-    for _ in range(args.repeats):
+    for _ in range(config.repeats):
         start = time.perf_counter()
-        local = run_local(mechanism, dataset, args.seed, args.batch_size)
+        local = run_local(mechanism, dataset, data.seed, data.batch_size)
         numpy_s.append(time.perf_counter() - start)
-        seconds, beam_freq = _beam_run(args, beam_args, dataset, mechanism)
+        seconds, beam_freq = _beam_run(config, beam_args, dataset, mechanism)
         beam_s.append(seconds)
     same = bool(np.array_equal(beam_freq, local.estimates.frequency, equal_nan=True))   # null = null
-    n = args.users
+    n = dataset.n_users
     numpy_rate, beam_rate = n / min(numpy_s), n / min(beam_s)
-    print(f"{mechanism!r}, {args.dataset}, n={n:,}, batch={args.batch_size:,}")
+    print(f"{mechanism!r}, {data.dataset}, n={n:,}, batch={data.batch_size:,}")
     print(f"  numpy local runner: {min(numpy_s):8.2f} s  {numpy_rate / 1e6:8.3f} M users/s")
     print(f"  beam pipeline:      {min(beam_s):8.2f} s  {beam_rate / 1e6:8.3f} M users/s")
     print(f"  ratio beam/numpy:   {beam_rate / numpy_rate:8.2f}   identical estimates: {same}")

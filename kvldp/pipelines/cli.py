@@ -4,23 +4,41 @@ knows them; anything else is an error with a suggestion."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
+from collections.abc import Callable
 
 from kvldp.pipelines import advise, bench, evaluate, query, simulate, split
 from kvldp.pipelines.flags import check_beam_args
 
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """A subcommand: its flags, the typed config built from them once
+    (``config.from_args``), and the job, ``run(config, beam_args)``."""
+
+    add_arguments: Callable
+    config: type
+    run: Callable
+    help: str
+
+
 COMMANDS = {
-    "simulate": (simulate.add_arguments, simulate.run,
-                 "generate or read ratings, perturb, aggregate and calibrate in one pipeline"),
-    "perturb": (split.add_perturb_arguments, split.run_perturb,
-                "client/ingest side: ratings -> randomised reports (Avro)"),
-    "collect": (split.add_collect_arguments, split.run_collect,
-                "collector side: reports -> calibrated estimates"),
-    "query": (query.add_arguments, query.run, "IOH: conditional frequency and mean from a counts file"),
-    "evaluate": (evaluate.add_arguments, evaluate.run, "sweep mechanisms x epsilons x repeats; results.csv + PNGs"),
-    "advise": (advise.add_arguments, advise.run, "which mechanism for n, d, epsilon (and l), with expected errors"),
-    "bench": (bench.add_arguments, bench.run, "users/second of the Beam pipeline vs the NumPy runner"),
+    "simulate": Command(simulate.add_arguments, simulate.SimulateConfig, simulate.run,
+                        "generate or read ratings, perturb, aggregate and calibrate in one pipeline"),
+    "perturb": Command(split.add_perturb_arguments, split.PerturbConfig, split.run_perturb,
+                       "client/ingest side: ratings -> randomised reports (Avro)"),
+    "collect": Command(split.add_collect_arguments, split.CollectConfig, split.run_collect,
+                       "collector side: reports -> calibrated estimates"),
+    "query": Command(query.add_arguments, query.QueryConfig, query.run,
+                     "IOH: conditional frequency and mean from a counts file"),
+    "evaluate": Command(evaluate.add_arguments, evaluate.EvaluateConfig, evaluate.run,
+                        "sweep mechanisms x epsilons x repeats; results.csv + PNGs"),
+    "advise": Command(advise.add_arguments, advise.AdviseConfig, advise.run,
+                      "which mechanism for n, d, epsilon (and l), with expected errors"),
+    "bench": Command(bench.add_arguments, bench.BenchConfig, bench.run,
+                     "users/second of the Beam pipeline vs the NumPy runner"),
 }
 
 
@@ -28,9 +46,23 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="kvldp", description="Key-value data under local differential privacy.",
                                   epilog="Any other --flag is a Beam pipeline option, e.g. --runner FlinkRunner.")
     sub = top.add_subparsers(dest="command", required=True)
-    for name, (add, _, help_text) in COMMANDS.items():
-        add(sub.add_parser(name, help=help_text, description=help_text))
+    for name, command in COMMANDS.items():
+        command.add_arguments(sub.add_parser(name, help=command.help, description=command.help))
     return top
+
+
+def configure(argv) -> tuple[str, object, list[str]]:
+    """``(command, its typed config, the Beam arguments)`` of a command line;
+    a bad flag or value raises (``SystemExit`` from argparse, ``ValueError``
+    from the config's checks) before any job starts."""
+    top = parser()
+    args, beam_args = top.parse_known_args(argv)
+    return args.command, config_from_args(top, args, beam_args), beam_args
+
+
+def config_from_args(top: argparse.ArgumentParser, args, beam_args):
+    check_beam_args(beam_args, subcommand_parser(top, args.command))
+    return COMMANDS[args.command].config.from_args(args)
 
 
 def subcommand_parser(top: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
@@ -43,8 +75,7 @@ def main(argv=None) -> int:
     top = parser()
     args, beam_args = top.parse_known_args(argv)
     try:
-        check_beam_args(beam_args, subcommand_parser(top, args.command))
-        COMMANDS[args.command][1](args, beam_args)
+        COMMANDS[args.command].run(config_from_args(top, args, beam_args), beam_args)
     except (ValueError, FileNotFoundError) as err:
         print(f"kvldp {args.command}: error: {err}", file=sys.stderr)
         return 2

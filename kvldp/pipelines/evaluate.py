@@ -21,6 +21,7 @@ import argparse
 import concurrent.futures as futures
 import copy
 import csv
+import dataclasses
 import multiprocessing
 import os
 from pathlib import Path
@@ -31,9 +32,11 @@ from tqdm import tqdm
 from kvldp.mechanisms import metrics, registry
 from kvldp.mechanisms.local import run_local
 from kvldp.pipelines import figures, mechanism_args, simulate, sources
-from kvldp.pipelines.flags import mechanism_flags
 from kvldp.pipelines.graphs import to_records
+from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.presets import PRESETS
+from kvldp.pipelines.simulate import SimulateConfig
+from kvldp.pipelines.sources import DataConfig
 
 Z95 = 1.96
 COVERAGE_METRICS = ("coverage", "scored", "se_zero", "null", "null_se")
@@ -45,9 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a paper's setup (overridable)")
     parser.add_argument("--mechanisms", default=None, help="comma-separated, e.g. pckv-ue,pckv-grr,privkvm-vi")
     parser.add_argument("--epsilons", default=None, help="comma-separated, e.g. 0.5,1,2,4,6")
-    parser.add_argument("--repeats", type=int, default=None, help="repeats per (mechanism, epsilon) (5)")
+    parser.add_argument("--repeats", type=sources.positive_int, default=None,
+                        help="repeats per (mechanism, epsilon) (5)")
     parser.add_argument("--out", required=True, help="folder for results.csv, runs/ and the figures")
-    parser.add_argument("--parallel", type=int, default=min(2, os.cpu_count() or 1),
+    parser.add_argument("--parallel", type=sources.positive_int, default=min(2, os.cpu_count() or 1),
                         help="cells run at once, each in its own process")
     parser.add_argument("--engine", choices=("beam", "numpy"), default="beam",
                         help="run each cell as a Beam pipeline (default) or on the pure-NumPy local runner "
@@ -76,12 +80,60 @@ def apply_preset(args) -> argparse.Namespace:
     return args
 
 
-def cells(args):
-    mechs = [m.strip() for m in str(args.mechanisms).split(",") if m.strip()]
-    for m in mechs:
-        registry.factory(m)                    # unknown names fail before anything runs
-    epsilons = [float(e) for e in str(args.epsilons).split(",")]
-    return [(m, e, r) for m in mechs for e in epsilons for r in range(args.repeats)]
+def _listed(text, kind=str) -> tuple:
+    return tuple(kind(x.strip()) for x in str(text).split(",") if x.strip())
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateConfig:
+    """A sweep: every (mechanism, epsilon, repeat) cell over ``data``, scored
+    on the top-``t`` sets of ``top_sets``. ``template`` holds the option
+    flags; each cell's mechanism is ``template.for_cell(name, epsilon)``."""
+
+    data: DataConfig
+    template: MechanismConfig
+    mechanisms: tuple[str, ...]
+    epsilons: tuple[float, ...]
+    repeats: int
+    out: str
+    top_sets: tuple[int, ...] = (50,)
+    parallel: int = 1
+    engine: str = "beam"
+
+    def __post_init__(self):
+        for name in self.mechanisms:
+            registry.factory(name)                   # unknown names fail before anything runs
+        if not self.mechanisms or not self.epsilons or not self.top_sets:
+            raise ValueError("evaluate needs at least one mechanism, epsilon and top-t set")
+        if self.engine not in ("beam", "numpy"):
+            raise ValueError(f"--engine is beam or numpy, not {self.engine!r}")
+
+    @classmethod
+    def from_args(cls, args) -> EvaluateConfig:
+        """The command line, filled in by ``--preset`` and then the defaults."""
+        args = apply_preset(args)
+        try:
+            mechanisms, epsilons = _listed(args.mechanisms), _listed(args.epsilons, float)
+            top_sets = _listed(args.top_sets, int)
+        except ValueError as err:
+            raise ValueError(f"--epsilons and --top take comma-separated numbers: {err}") from None
+        template = MechanismConfig.from_args(args, name=mechanisms[0] if mechanisms else "pckv-ue",
+                                             epsilon=epsilons[0] if epsilons else 1.0)
+        return cls(DataConfig.from_args(args), template, mechanisms, epsilons, int(args.repeats), args.out,
+                   top_sets, args.parallel, args.engine)
+
+    def cells(self) -> list[tuple[str, float, int]]:
+        return [(m, e, r) for m in self.mechanisms for e in self.epsilons for r in range(self.repeats)]
+
+    def cell(self, cell, out_dir: str) -> SimulateConfig:
+        """The simulation of one cell: its mechanism (the options it declares,
+        KS's ``t`` from the largest top set), seed ``seed + repeat``, its own
+        output file."""
+        name, eps, repeat = cell
+        return SimulateConfig(
+            dataclasses.replace(self.data, seed=(self.data.seed or 0) + repeat),
+            self.template.for_cell(name, eps, top=max(self.top_sets)),
+            output=os.path.join(out_dir, "runs", f"{name}_eps{eps:g}_r{repeat}.jsonl"))
 
 
 def done_cells(path: Path) -> set:
@@ -133,38 +185,27 @@ def score(records: list[dict], mechanism, n_users: int, tops, run_info) -> list[
     return rows
 
 
-def run_cell(cell, args, beam_args, out_dir: str):
+def run_cell(cell, config: EvaluateConfig, beam_args, out_dir: str):
     """One (mechanism, epsilon, repeat) pipeline -> its metric rows."""
     name, eps, repeat = cell
-    cell_args = copy.copy(args)
-    cell_args.mechanism, cell_args.epsilon = name, eps
-    cell_args.seed = (args.seed or 0) + repeat
-    cell_args.output = os.path.join(out_dir, "runs", f"{name}_eps{eps:g}_r{repeat}.jsonl")
-    cell_args.query, cell_args.fanout = [], None
-    cell_args.top = max(top_sets(args))        # KS-GRR/KS-Adap: candidates cover the largest set
-    # a sweep mixes mechanisms: each takes the options it declares, the others are cleared
-    declared = set(registry.options_of(name)) | set(mechanism_args.JOB_ROLES)
-    for option in mechanism_flags():
-        if option not in declared:
-            setattr(cell_args, option, None)
-    if "ioh_keys" not in declared:
-        cell_args.ioh_top = None            # IOH's key choice, a job flag
-    out = (run_numpy if getattr(args, "engine", "beam") == "numpy" else simulate.execute)(cell_args, beam_args)
-    n_users = out["n_users"] or out["stats"].get("users_assembled") or args.users
+    sim = config.cell(cell, out_dir)
+    out = (run_numpy if config.engine == "numpy" else simulate.execute)(sim, beam_args)
+    n_users = out["n_users"] or out["stats"].get("users_assembled") or config.data.users
     info = {"mechanism": name, "epsilon": eps, "repeat": repeat, "dataset": out["dataset"], "n_users": n_users}
-    return score(out["records"], out["mechanism"], n_users, top_sets(args), info)
+    return score(out["records"], out["mechanism"], n_users, config.top_sets, info)
 
 
-def run_numpy(args, beam_args) -> dict:
+def run_numpy(config: SimulateConfig, beam_args) -> dict:
     """``simulate.execute`` on the pure-NumPy local runner: the same seeds,
     dataset, mechanism and records (not written to a file)."""
-    seeds = sources.Seeds.from_arg(args.seed)
-    dataset = sources.built_in_dataset(args, seeds.data)
+    data = config.data
+    seeds = sources.Seeds.from_arg(data.seed)
+    dataset = sources.built_in_dataset(data, seeds.data)
     if dataset is None:
         raise ValueError("--engine numpy runs built-in datasets only (synthetic-*, clothing, movielens-100k)")
-    ioh_keys = mechanism_args.resolve_ioh_keys(args, beam_args, dataset.key_names, dataset, None)
-    mechanism = mechanism_args.make_mechanism(args, dataset.d, dataset, ioh_keys)
-    result = run_local(mechanism, dataset, seeds.perturb, args.batch_size)
+    ioh_keys = mechanism_args.resolve_ioh_keys(config.mechanism, data, beam_args, dataset.key_names, dataset, None)
+    mechanism = config.mechanism.make(dataset.d, dataset, ioh_keys)
+    result = run_local(mechanism, dataset, seeds.perturb, data.batch_size)
     records = to_records(result.estimates, dataset.key_names, result.truth, keys=mechanism.estimate_keys)
     return {"mechanism": mechanism, "dataset": dataset.name, "records": records, "n_users": dataset.n_users,
             "stats": {}}
@@ -211,34 +252,29 @@ def coverage_table(results_csv) -> str:
     return "\n".join(out) + "\n"
 
 
-def top_sets(args) -> list[int]:
-    return [int(t) for t in str(args.top_sets).split(",")]
-
-
-def run(args, beam_args) -> dict:
-    args = apply_preset(args)
-    out_dir = Path(args.out)
+def run(config: EvaluateConfig, beam_args) -> dict:
+    out_dir = Path(config.out)
     (out_dir / "runs").mkdir(parents=True, exist_ok=True)
     results = out_dir / "results.csv"
     finished = done_cells(results)
-    todo = [c for c in cells(args) if c not in finished]
-    print(f"{len(finished)} cells done, {len(todo)} to run "
-          f"({args.mechanisms} x eps {args.epsilons} x {args.repeats} repeats on {args.dataset})")
+    todo = [c for c in config.cells() if c not in finished]
+    print(f"{len(finished)} cells done, {len(todo)} to run ({','.join(config.mechanisms)} x eps "
+          f"{','.join(f'{e:g}' for e in config.epsilons)} x {config.repeats} repeats on {config.data.dataset})")
     new_file = not results.exists()
     with open(results, "a", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=FIELDS)
         if new_file:
             writer.writeheader()
-        if args.parallel > 1 and len(todo) > 1:
+        if config.parallel > 1 and len(todo) > 1:
             ctx = multiprocessing.get_context("spawn")
-            with futures.ProcessPoolExecutor(args.parallel, mp_context=ctx) as pool:
-                jobs = [pool.submit(run_cell, c, args, beam_args, str(out_dir)) for c in todo]
+            with futures.ProcessPoolExecutor(config.parallel, mp_context=ctx) as pool:
+                jobs = [pool.submit(run_cell, c, config, beam_args, str(out_dir)) for c in todo]
                 for job in tqdm(futures.as_completed(jobs), total=len(jobs), desc="cells", unit="run"):
                     writer.writerows(job.result())
                     fh.flush()
         else:
             for c in tqdm(todo, desc="cells", unit="run"):
-                writer.writerows(run_cell(c, args, beam_args, str(out_dir)))
+                writer.writerows(run_cell(c, config, beam_args, str(out_dir)))
                 fh.flush()
     pngs = figures.plot_results(results, out_dir)
     table = coverage_table(results)

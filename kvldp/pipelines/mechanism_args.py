@@ -1,8 +1,9 @@
 """The mechanism on the command line: its flags (generated from the typed options,
-``flags.py``), its typed options from the parsed arguments, IOH's chosen keys."""
+``flags.py``), the ``MechanismConfig`` built from them, IOH's chosen keys."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -11,7 +12,7 @@ from kvldp.datasets import Dataset
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.params import AUTO
 from kvldp.pipelines.flags import add_mechanism_flags, mechanism_flags, option_type
-from kvldp.pipelines.sources import key_frequencies
+from kvldp.pipelines.sources import DataConfig, key_frequencies
 
 AUTO_PADDING = AUTO
 
@@ -21,14 +22,17 @@ AUTO_PADDING = AUTO
 parse_padding = option_type("padding")
 
 
-def add_mechanism_args(parser: argparse.ArgumentParser, single: bool = True):
+def add_mechanism_args(parser: argparse.ArgumentParser, single: bool = True, epsilon: float | None = None):
     """``--mechanism``/``--epsilon`` (unless ``single`` is false: a sweep names
-    several) and every mechanism's options, generated from their typed
-    declarations (``kvldp.pipelines.flags``)."""
+    several; ``epsilon``: a default, else the flag is required) and every
+    mechanism's options, generated from their typed declarations
+    (``kvldp.pipelines.flags``)."""
     if single:
         parser.add_argument("--mechanism", required=True, choices=registry.names(),
                             help="the registered mechanism (kvldp.mechanisms.registry)")
-        parser.add_argument("--epsilon", type=float, required=True, help="total privacy budget per user")
+        parser.add_argument("--epsilon", type=float, required=epsilon is None, default=epsilon,
+                            help="total privacy budget per user"
+                                 + (f" (default {epsilon:g})" if epsilon is not None else ""))
     opts = parser.add_argument_group("mechanism options (each mechanism takes the ones that apply)")
     # a sweep takes --top as its list of top-t sets (and KS's t from the largest)
     add_mechanism_flags(opts, exclude=() if single else ("top",))
@@ -42,60 +46,111 @@ def add_mechanism_args(parser: argparse.ArgumentParser, single: bool = True):
 JOB_ROLES = ("top", "coverage")
 
 
-def mechanism_options(args, ioh_keys: Sequence[int] | None = None, padding: int | None = None):
-    """The typed options of ``--mechanism`` from the command line.
+@dataclasses.dataclass(frozen=True)
+class MechanismConfig:
+    """The mechanism a job runs, as the command line chose it: the registered
+    ``name``, the total budget ``epsilon``, the option flags given
+    (``options``: field name -> parsed value, only those given; ``padding``
+    may still be ``auto``), IOH's keys by name (``ioh_keys``) or by rank
+    (``ioh_top``). The typed ``Options`` need what only the job learns (the
+    resolved padding, IOH's keys as indices): ``typed``/``make`` take them."""
 
-    ``ioh_keys``: IOH's chosen keys as dictionary indices (``--ioh-keys``
-    names them); ``padding``: the resolved padding length, overriding
-    ``--padding`` (``pipelines.padding.resolve_padding`` turns ``auto`` into
-    a number on the ingest side; a job that has not resolved ``auto`` gets a
-    clear error). Every other option flag the mechanism does not declare is
-    an error."""
-    declared = set(registry.options_of(args.mechanism))
-    given = {name: getattr(args, name, None) for name in mechanism_flags()}
-    given["ioh_keys"] = ioh_keys
-    if padding is not None:
-        given["padding"] = padding
-    for name in JOB_ROLES:
-        if name not in declared:
-            given[name] = None
-    if given.get("padding") == AUTO and "padding" in declared:
-        raise ValueError("--padding auto is chosen from the raw data by the ingest side (simulate, perturb); "
-                         "this job cannot see the data: give l explicitly (collect: the reports' padding)")
-    return registry.options(args.mechanism, **given)
+    name: str
+    epsilon: float
+    options: dict = dataclasses.field(default_factory=dict)
+    ioh_keys: tuple[str, ...] | None = None
+    ioh_top: int | None = None
+
+    def __post_init__(self):
+        registry.factory(self.name)                        # an unknown name fails here, with the choices
+        unknown = set(self.options) - set(mechanism_flags())
+        if unknown:
+            raise ValueError(f"no mechanism option {sorted(unknown)}")
+        object.__setattr__(self, "options", {k: v for k, v in self.options.items() if v is not None})
+        if self.ioh_keys is not None:
+            object.__setattr__(self, "ioh_keys", tuple(self.ioh_keys))
+
+    @classmethod
+    def from_args(cls, args, name: str | None = None, epsilon: float | None = None) -> MechanismConfig:
+        """The flags of ``add_mechanism_args`` (a sweep passes each cell's
+        ``name`` and ``epsilon``, see ``for_cell``)."""
+        options = {option: getattr(args, option, None) for option in mechanism_flags() if option != "ioh_keys"}
+        names = getattr(args, "ioh_keys", None)
+        return cls(name or args.mechanism, args.epsilon if epsilon is None else epsilon, options,
+                   tuple(k.strip() for k in names.split(",") if k.strip()) if names else None,
+                   getattr(args, "ioh_top", None))
+
+    @property
+    def declared(self) -> set[str]:
+        return set(registry.options_of(self.name))
+
+    def takes(self, option: str) -> bool:
+        return option in self.declared
+
+    def get(self, option: str):
+        """The value given for ``option`` (``None``: not given)."""
+        return self.options.get(option)
+
+    def for_cell(self, name: str, epsilon: float, **job_options) -> MechanismConfig:
+        """This configuration for another mechanism of a sweep: the options
+        ``name`` declares (and the job's ``JOB_ROLES``) are kept, the others
+        cleared, so one sweep can mix mechanisms; ``job_options`` override."""
+        keep = set(registry.options_of(name)) | set(JOB_ROLES)
+        options = {k: v for k, v in {**self.options, **job_options}.items() if k in keep}
+        ioh = "ioh_keys" in keep
+        return MechanismConfig(name, epsilon, options, self.ioh_keys if ioh else None, self.ioh_top if ioh else None)
+
+    def typed(self, ioh_keys: Sequence[int] | None = None, padding: int | None = None):
+        """The typed options of the mechanism.
+
+        ``ioh_keys``: IOH's chosen keys as dictionary indices;
+        ``padding``: the resolved padding length, overriding ``--padding``
+        (``pipelines.padding.resolve_padding`` turns ``auto`` into a number
+        on the ingest side; a job that has not resolved ``auto`` gets a clear
+        error). Every other option given that the mechanism does not declare
+        is an error."""
+        declared = self.declared
+        given = {k: v for k, v in self.options.items() if k in declared or k not in JOB_ROLES}
+        given["ioh_keys"] = ioh_keys
+        if padding is not None:
+            given["padding"] = padding
+        if given.get("padding") == AUTO and "padding" in declared:
+            raise ValueError("--padding auto is chosen from the raw data by the ingest side (simulate, perturb); "
+                             "this job cannot see the data: give l explicitly (collect: the reports' padding)")
+        return registry.options(self.name, **given)
+
+    def make(self, d: int, dataset: Dataset | None = None, ioh_keys: Sequence[int] | None = None,
+             padding: int | None = None):
+        """The registered mechanism with its typed options (the dataset's
+        padding by default)."""
+        if padding is None and self.get("padding") is None and self.takes("padding"):
+            padding = dataset.default_padding if dataset is not None else 1
+        return registry.make(self.name, d, self.epsilon, self.typed(ioh_keys, padding))
+
+    def takes_ioh_keys(self) -> bool:
+        return self.takes("ioh_keys")
 
 
-def make_mechanism(args, d: int, dataset: Dataset | None = None, ioh_keys: Sequence[int] | None = None,
-                   padding: int | None = None):
-    """The registered mechanism named by ``--mechanism`` with its typed
-    options (the dataset's padding by default)."""
-    if padding is None and getattr(args, "padding", None) is None and "padding" in registry.options_of(args.mechanism):
-        padding = dataset.default_padding if dataset is not None else 1
-    return registry.make(args.mechanism, d, args.epsilon, mechanism_options(args, ioh_keys, padding))
-
-
-def takes_ioh_keys(args) -> bool:
-    return "ioh_keys" in registry.options_of(args.mechanism)
-
-
-def named_keys(names_text: str, key_names: Sequence[str]) -> list[int]:
+def named_keys(wanted: Sequence[str], key_names: Sequence[str]) -> list[int]:
+    """Key names -> their indices in the dictionary ``key_names``."""
     index = {k: i for i, k in enumerate(key_names)}
-    wanted = [k.strip() for k in names_text.split(",") if k.strip()]
     unknown = [k for k in wanted if k not in index]
     if unknown:
         raise ValueError(f"IOH keys {unknown} are not in the key dictionary")
     return [index[k] for k in wanted]
 
 
-def resolve_ioh_keys(args, beam_args, key_names, dataset: Dataset | None, dictionary) -> list[int] | None:
+def resolve_ioh_keys(mechanism: MechanismConfig, data: DataConfig, beam_args, key_names,
+                     dataset: Dataset | None, dictionary) -> list[int] | None:
     """IOH's chosen keys: ``--ioh-keys`` by name, else the ``--ioh-top`` most
-    frequent ones; ``None`` for other mechanisms (which reject the flags)."""
-    if not takes_ioh_keys(args):
-        if args.ioh_keys or args.ioh_top:
-            raise ValueError(f"{args.mechanism} does not take --ioh-keys/--ioh-top")
+    frequent ones (counted on the ingest side, over ``data``); ``None`` for
+    other mechanisms (which reject the flags)."""
+    if not mechanism.takes_ioh_keys():
+        if mechanism.ioh_keys or mechanism.ioh_top:
+            raise ValueError(f"{mechanism.name} does not take --ioh-keys/--ioh-top")
         return None
-    if args.ioh_keys:
-        return named_keys(args.ioh_keys, key_names)
-    top = args.ioh_top or min(5, len(key_names))
-    freq = key_frequencies(args, beam_args, dataset, dictionary)
+    if mechanism.ioh_keys:
+        return named_keys(mechanism.ioh_keys, key_names)
+    top = mechanism.ioh_top or min(5, len(key_names))
+    freq = key_frequencies(data, beam_args, dataset, dictionary)
     return [int(k) for k in np.argsort(-freq, kind="stable")[:top]]

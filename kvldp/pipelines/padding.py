@@ -48,7 +48,6 @@ import apache_beam as beam
 import numpy as np
 
 from kvldp.datasets import Dataset, InMemoryDataset
-from kvldp.mechanisms import registry
 from kvldp.mechanisms.padding import (
     DEFAULT_COVERAGE,
     PaddingCheck,
@@ -57,11 +56,10 @@ from kvldp.mechanisms.padding import (
     merge_histograms,
     size_histogram,
 )
-from kvldp.pipelines import mechanism_args, runner, sources
-
-
-def takes_padding(mechanism: str) -> bool:
-    return "padding" in registry.options_of(mechanism)
+from kvldp.mechanisms.params import AUTO
+from kvldp.pipelines import runner, sources
+from kvldp.pipelines.mechanism_args import MechanismConfig
+from kvldp.pipelines.sources import DataConfig
 
 
 def parse_set_sizes(text: str) -> np.ndarray:
@@ -87,7 +85,7 @@ def parse_set_sizes(text: str) -> np.ndarray:
     return out
 
 
-def data_set_sizes(args, beam_args: Sequence[str], dataset: Dataset | None,
+def data_set_sizes(data: DataConfig, beam_args: Sequence[str], dataset: Dataset | None,
                    dictionary: Sequence[str] | None) -> np.ndarray:
     """The set-size histogram of the users the job will perturb (ingest side:
     it reads raw data). Built-in datasets in this process; ratings files by
@@ -95,8 +93,8 @@ def data_set_sizes(args, beam_args: Sequence[str], dataset: Dataset | None,
     if dataset is not None:
         if isinstance(dataset, InMemoryDataset):
             return size_histogram(dataset.users)
-        return merge_histograms(size_histogram(b) for b in dataset.batches(args.batch_size))
-    return sources.users_prepass(args, beam_args, dictionary, size_histogram, "SetSizes")
+        return merge_histograms(size_histogram(b) for b in dataset.batches(data.batch_size))
+    return sources.users_prepass(data, beam_args, dictionary, size_histogram, "SetSizes")
 
 
 def describe_sizes(hist: np.ndarray) -> str:
@@ -165,7 +163,8 @@ class PaddingPlan:
         return out
 
 
-def resolve_padding(args, beam_args: Sequence[str], dataset: Dataset | None, dictionary: Sequence[str] | None,
+def resolve_padding(mechanism: MechanismConfig, data: DataConfig, beam_args: Sequence[str],
+                    dataset: Dataset | None, dictionary: Sequence[str] | None,
                     set_sizes: np.ndarray | None = None, out=None) -> PaddingPlan:
     """The ingest side's padding: ``--padding auto`` chosen from the data's
     set sizes (printed with the reason), else the given or the dataset's
@@ -174,17 +173,17 @@ def resolve_padding(args, beam_args: Sequence[str], dataset: Dataset | None, dic
 
     Call ``plan.attach(users, beam_args)`` while building the main job and
     ``plan.after_run()`` after it, so that an unchecked ``l`` is checked
-    there; pass ``plan.l`` to ``mechanism_args.make_mechanism(…, padding=plan.l)``.
+    there; pass ``plan.l`` to ``mechanism.make(…, padding=plan.l)``.
     For a mechanism without padding the plan is empty and ``--padding`` is
-    left for ``make_mechanism`` to reject as before."""
+    left for ``mechanism.make`` to reject."""
     out = out or sys.stdout
-    if not takes_padding(args.mechanism):
+    if not mechanism.takes("padding"):
         return PaddingPlan(None)
-    coverage = DEFAULT_COVERAGE if args.coverage is None else float(args.coverage)
+    coverage = DEFAULT_COVERAGE if mechanism.get("coverage") is None else float(mechanism.get("coverage"))
     if not 0 < coverage <= 1:
         raise ValueError(f"--coverage must be in (0, 1], got {coverage}")
-    if args.padding == mechanism_args.AUTO_PADDING:
-        hist = set_sizes if set_sizes is not None else data_set_sizes(args, beam_args, dataset, dictionary)
+    if mechanism.get("padding") == AUTO:
+        hist = set_sizes if set_sizes is not None else data_set_sizes(data, beam_args, dataset, dictionary)
         plan = PaddingPlan(choose_padding(hist, coverage), True, coverage, hist)
         check = check_padding(hist, plan.l, coverage)
         rest = (f"; the other {check.truncated_fraction:.2%} are truncated, {check.lost_pair_fraction:.2%} of "
@@ -197,7 +196,8 @@ def resolve_padding(args, beam_args: Sequence[str], dataset: Dataset | None, dic
               f"the raw data by the ingest side: a public parameter outside the epsilon guarantee.", file=out)
         plan.inspect()                   # warns only when the cap keeps l below the coverage
         return plan
-    l = args.padding if args.padding is not None else (dataset.default_padding if dataset is not None else 1)
+    given = mechanism.get("padding")
+    l = given if given is not None else (dataset.default_padding if dataset is not None else 1)
     hist = set_sizes
     if hist is None and isinstance(dataset, InMemoryDataset):
         hist = size_histogram(dataset.users)
@@ -207,15 +207,15 @@ def resolve_padding(args, beam_args: Sequence[str], dataset: Dataset | None, dic
     return plan
 
 
-def padding_from_reports(args, config: dict) -> int | None:
+def padding_from_reports(mechanism: MechanismConfig, reports: str, config: dict) -> int | None:
     """The collector's padding: with ``--padding auto``, the ``l`` the
     perturbing side chose, read from ``config``, the configuration stored
-    with the report files ``--input`` (as IOH's keys are); ``None``
-    otherwise, which leaves ``--padding`` as given (``make_mechanism``'s
+    with the report files ``reports`` (as IOH's keys are); ``None``
+    otherwise, which leaves ``--padding`` as given (``mechanism.make``'s
     default is 1)."""
-    if args.padding != mechanism_args.AUTO_PADDING or not takes_padding(args.mechanism):
+    if mechanism.get("padding") != AUTO or not mechanism.takes("padding"):
         return None
     found = config.get("padding")
     if found is None:
-        raise ValueError(f"--padding auto: the reports {args.input} name no padding; give --padding l")
+        raise ValueError(f"--padding auto: the reports {reports} name no padding; give --padding l")
     return int(found)

@@ -108,15 +108,36 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--beta", default=None, help="(alpha, beta) form: held (1) or not (0), e.g. 001")
 
 
-def run(args, beam_args) -> dict:
-    counts = load_counts(args.counts)
-    target = axis_of(args.target, counts.keys)
-    if args.alpha is not None or args.beta is not None:
-        if args.given:
+@dataclasses.dataclass(frozen=True)
+class QueryConfig:
+    """One L-way query on a counts file: the ``target`` key, conditioned by
+    ``given`` (``KEY=1,KEY=0``) or by the ``alpha``/``beta`` bit strings."""
+
+    counts: str
+    target: str
+    given: str = ""
+    alpha: str | None = None
+    beta: str | None = None
+
+    def __post_init__(self):
+        if self.given and (self.alpha is not None or self.beta is not None):
             raise ValueError("use --given or --alpha/--beta, not both")
-        given = parse_alpha_beta(args.alpha or "", args.beta or "")
-    else:
-        given = parse_given(args.given, counts.keys)
+
+    @classmethod
+    def from_args(cls, args) -> QueryConfig:
+        return cls(args.counts, args.target, args.given, args.alpha, args.beta)
+
+    def condition(self, keys) -> dict:
+        """The condition as ``{axis: held}`` over the counts file's ``keys``."""
+        if self.alpha is not None or self.beta is not None:
+            return parse_alpha_beta(self.alpha or "", self.beta or "")
+        return parse_given(self.given, keys)
+
+
+def run(config: QueryConfig, beam_args) -> dict:
+    counts = load_counts(config.counts)
+    target = axis_of(config.target, counts.keys)
+    given = config.condition(counts.keys)
     print(f"{counts.record['mechanism']} eps={counts.record['epsilon']:g}, n={counts.record['n_reports']}, "
           f"keys {', '.join(counts.keys)}")
     result = answer(counts, target, given)

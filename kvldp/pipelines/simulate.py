@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -10,9 +11,11 @@ import apache_beam as beam
 
 from kvldp.pipelines import mechanism_args, report, runner, sources
 from kvldp.pipelines.graphs import ioh_counts_file, protocol_summary, simulate_graph
+from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.padding import resolve_padding
 from kvldp.pipelines.query import print_queries
 from kvldp.pipelines.report import read_text
+from kvldp.pipelines.sources import DataConfig
 from kvldp.transforms.io import WriteEstimates
 from kvldp.transforms.ratings import write_dead_letters
 
@@ -27,29 +30,48 @@ def add_arguments(parser: argparse.ArgumentParser):
                         help='IOH: "target=KEY given KEY=1,KEY=0" (repeatable); prints estimate and truth')
 
 
-def execute(args, beam_args) -> dict:
+@dataclasses.dataclass(frozen=True)
+class SimulateConfig:
+    """One simulation: the users (``data``), the mechanism, where the
+    estimates go (``None``: a scratch file), and what is printed."""
+
+    data: DataConfig
+    mechanism: MechanismConfig
+    output: str | None = None
+    rows: int = 10                       # keys shown in the table
+    fanout: int | None = None            # CombineGlobally fanout
+    queries: tuple[str, ...] = ()        # IOH queries answered after the run
+
+    @classmethod
+    def from_args(cls, args) -> SimulateConfig:
+        return cls(DataConfig.from_args(args), MechanismConfig.from_args(args), args.output, args.rows,
+                   args.fanout, tuple(args.query))
+
+
+def execute(config: SimulateConfig, beam_args) -> dict:
     """Build and run the simulation pipeline; return what it produced
     (records read back, counters, run time, protocol and padding summaries).
 
     It prints only what concerns the padding (``pipelines/padding.py``): the
     ``l`` that ``--padding auto`` chose, before the run, and a ``WARNING:``
     on stderr, before or after the run, when ``l`` truncates many users."""
-    seeds = sources.Seeds.from_arg(args.seed)
-    dataset = sources.built_in_dataset(args, seeds.data)
-    dictionary, set_sizes = (None, None) if dataset is not None else sources.key_dictionary_and_sizes(args, beam_args)
+    data, chosen = config.data, config.mechanism
+    seeds = sources.Seeds.from_arg(data.seed)
+    dataset = sources.built_in_dataset(data, seeds.data)
+    dictionary, set_sizes = (None, None) if dataset is not None else sources.key_dictionary_and_sizes(data, beam_args)
     key_names = dataset.key_names if dataset is not None else dictionary
-    ioh_keys = mechanism_args.resolve_ioh_keys(args, beam_args, key_names, dataset, dictionary)
-    padding = resolve_padding(args, beam_args, dataset, dictionary, set_sizes)
-    if getattr(args, "query", None) and ioh_keys is None:
+    ioh_keys = mechanism_args.resolve_ioh_keys(chosen, data, beam_args, key_names, dataset, dictionary)
+    padding = resolve_padding(chosen, data, beam_args, dataset, dictionary, set_sizes)
+    if config.queries and ioh_keys is None:
         raise ValueError("--query needs an IOH mechanism (ioh-oue, ioh-sue)")
-    output = args.output or runner.scratch_path(beam_args, "estimates.jsonl")
+    output = config.output or runner.scratch_path(beam_args, "estimates.jsonl")
     summary_path, counts_path = output + ".protocol.json", output + ".counts.avro"
     p = runner.make_pipeline(beam_args)
-    source = sources.user_source(p, args, dataset, dictionary)
-    mechanism = mechanism_args.make_mechanism(args, source.d, dataset, ioh_keys, padding=padding.l)
+    source = sources.user_source(p, data, dataset, dictionary)
+    mechanism = chosen.make(source.d, dataset, ioh_keys, padding=padding.l)
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
     # users -> state after round 1 -> … -> final state -> records (+ summary)
-    run = simulate_graph(source.users, mechanism, seeds.perturb, source.key_names, args.fanout)
+    run = simulate_graph(source.users, mechanism, seeds.perturb, source.key_names, config.fanout)
     if mechanism.max_rounds > 1:     # what the rounds did: rounds run, budget spent, the ledger
         (run["state"] | "Summary" >> beam.Map(protocol_summary, mechanism)
          | "WriteSummary" >> beam.io.WriteToText(summary_path, num_shards=1, shard_name_template=""))
@@ -62,17 +84,17 @@ def execute(args, beam_args) -> dict:
     result = p.run()
     result.wait_until_finish()
     padding.after_run()                            # warns when l truncated too many users
-    return {"mechanism": mechanism, "dataset": getattr(dataset, "name", args.dataset), "output": output,
+    return {"mechanism": mechanism, "dataset": getattr(dataset, "name", data.dataset), "output": output,
             "seconds": time.perf_counter() - start, "stats": runner.counters(result),
             "records": report.read_estimates(output), "n_users": getattr(dataset, "n_users", None),
             "protocol": json.loads(read_text(summary_path)) if mechanism.max_rounds > 1 else None,
             "counts_path": counts_path if ioh_keys is not None else None, "padding": padding.summary()}
 
 
-def run(args, beam_args) -> dict:
-    out = execute(args, beam_args)
+def run(config: SimulateConfig, beam_args) -> dict:
+    out = execute(config, beam_args)
     mechanism, records, stats = out["mechanism"], out["records"], out["stats"]
-    summary = report.mse_summary(records, args.top or 50)
+    summary = report.mse_summary(records, config.mechanism.get("top") or 50)
     print(f"{mechanism!r} on {out['dataset']}: {stats.get('users_perturbed', 0)} user reports "
           f"in {out['seconds']:.1f} s")
     if mechanism.max_rounds > 1:
@@ -80,11 +102,11 @@ def run(args, beam_args) -> dict:
         print(f"rounds run: {info['rounds_run']} of at most {info['max_rounds']}; "
               f"epsilon spent per user: {info['epsilon_spent']:.6g} of {mechanism.epsilon:g}")
     runner.print_row_summary(stats)
-    report.print_table(records, args.rows)
+    report.print_table(records, config.rows)
     print(" ".join(f"{k}={v:.4g}" for k, v in summary.items()))
     print(f"estimates written to {out['output']}")
     answers = []
     if out["counts_path"]:
         print(f"IOH cell counts written to {out['counts_path']} (query them with kvldp query --counts)")
-        answers = print_queries(out["counts_path"], args.query)
+        answers = print_queries(out["counts_path"], config.queries)
     return {**out, "queries": answers, **summary}

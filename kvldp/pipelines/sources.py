@@ -25,41 +25,105 @@ def add_dataset_args(parser: argparse.ArgumentParser, default: str | None = "syn
     parser.add_argument("--dataset", default=default,
                         help=f"one of {', '.join(DATASETS)}, or a ratings file/pattern (CSV, JSONL, Avro)")
     parser.add_argument("--dataset-path", default=None, help="where the clothing .mat file is")
-    parser.add_argument("--users", type=int, default=1_000_000, help="synthetic users")
-    parser.add_argument("--keys", type=int, default=100, help="synthetic keys d")
+    parser.add_argument("--users", type=positive_int, default=1_000_000, help="synthetic users")
+    parser.add_argument("--keys", type=positive_int, default=100, help="synthetic keys d")
     parser.add_argument("--seed", type=int, default=None,
                         help="run seed (simulations/tests); default: fresh from the OS CSPRNG")
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="users per batch")
-    parser.add_argument("--resample-users", type=int, default=None,
+    parser.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="users per batch")
+    parser.add_argument("--resample-users", type=positive_int, default=None,
                         help="bootstrap a real dataset's users up to N (labelled in the output)")
     ratings = parser.add_argument_group("ratings files")
     ratings.add_argument("--input-format", choices=("csv", "jsonl", "avro"), default=None)
     ratings.add_argument("--user-col", default="user")
     ratings.add_argument("--item-col", default="item")
     ratings.add_argument("--rating-col", default="rating")
-    ratings.add_argument("--rating-range", default="-1,1", help="lo,hi of the ratings (mapped onto [-1, 1])")
+    ratings.add_argument("--rating-range", type=parse_range, default=(-1.0, 1.0),
+                         help="lo,hi of the ratings (mapped onto [-1, 1]); default -1,1")
     ratings.add_argument("--key-dictionary", default=None,
                          help="file with one item id per line (index = key); default: the items in the data")
-    ratings.add_argument("--shards", type=int, default=16, help="user shards (= report batches) for files")
+    ratings.add_argument("--shards", type=positive_int, default=16, help="user shards (= report batches) for files")
+
+
+def positive_int(text: str) -> int:
+    """A whole number >= 1, as an argparse ``type``."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def parse_range(text: str) -> tuple[float, float]:
+    """``--rating-range``: ``"lo,hi"`` with ``lo < hi``."""
     try:
         lo, hi = (float(x) for x in text.split(","))
     except ValueError:
-        raise SystemExit(f"--rating-range must be 'lo,hi', got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be 'lo,hi', got {text!r}") from None
     if not lo < hi:
-        raise SystemExit(f"--rating-range needs lo < hi, got {text!r}")
+        raise argparse.ArgumentTypeError(f"needs lo < hi, got {text!r}")
     return lo, hi
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where a job's users come from: a built-in dataset (``DATASETS``) or a
+    ratings file pattern, how ratings files are read, and the run seed.
+    Built once from the command line (``from_args``); jobs and the functions
+    below take it instead of parsed arguments."""
+
+    dataset: str = "synthetic-uu"
+    dataset_path: str | None = None          # where the clothing .mat file is
+    users: int = 1_000_000                   # synthetic users
+    keys: int = 100                          # synthetic d
+    seed: int | None = None                  # None: fresh from the OS CSPRNG
+    batch_size: int = DEFAULT_BATCH_SIZE
+    resample_users: int | None = None        # bootstrap a real dataset's users up to this many
+    input_format: str | None = None          # csv, jsonl, avro; None: from the file name
+    user_col: str = "user"
+    item_col: str = "item"
+    rating_col: str = "rating"
+    rating_range: tuple[float, float] = (-1.0, 1.0)
+    key_dictionary: str | None = None        # one item id per line; None: derived from the data
+    shards: int = 16                         # user shards (= report batches) of ratings files
+
+    def __post_init__(self):
+        for name in ("users", "keys", "batch_size", "shards"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.resample_users is not None and self.resample_users < 1:
+            raise ValueError(f"--resample-users must be >= 1, got {self.resample_users}")
+        lo, hi = self.rating_range
+        if not lo < hi:
+            raise ValueError(f"--rating-range needs lo < hi, got {self.rating_range}")
+        object.__setattr__(self, "rating_range", (float(lo), float(hi)))
+
+    @property
+    def is_built_in(self) -> bool:
+        return self.dataset in DATASETS
+
+    @classmethod
+    def from_args(cls, args, **overrides) -> DataConfig:
+        """The dataset flags of ``add_dataset_args``; ``overrides`` that are
+        not ``None`` win. A flag left ``None`` takes the field's default."""
+        given = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(cls)}
+        given.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**{k: v for k, v in given.items() if v is not None})
+
+    def read_ratings(self, dictionary: Sequence[str] | None) -> ReadRatings:
+        """The transform reading this config's ratings files."""
+        return ReadRatings(self.dataset, self.rating_range, dictionary, self.input_format,
+                           self.user_col, self.item_col, self.rating_col, self.shards)
 
 
 def read_dictionary(path: str) -> list[str]:
     with FileSystems.open(path) as fh:
         names = [line.strip() for line in fh.read().decode("utf-8").splitlines() if line.strip()]
     if len(set(names)) != len(names):
-        raise SystemExit(f"key dictionary {path} lists a key twice")
+        raise ValueError(f"key dictionary {path} lists a key twice")
     if not names:
-        raise SystemExit(f"key dictionary {path} is empty")
+        raise ValueError(f"key dictionary {path} is empty")
     return names
 
 
@@ -75,10 +139,10 @@ class Seeds:
         return cls(seed, seed)
 
 
-def built_in_dataset(args, data_seed: int) -> Dataset | None:
+def built_in_dataset(data: DataConfig, data_seed: int) -> Dataset | None:
     """The named dataset, or ``None`` when ``--dataset`` is a file pattern."""
-    dataset = _named_dataset(args, data_seed)
-    n = getattr(args, "resample_users", None)
+    dataset = _named_dataset(data, data_seed)
+    n = data.resample_users
     if n:
         if not hasattr(dataset, "resampled"):
             raise ValueError("--resample-users applies to real datasets (clothing, movielens-100k)")
@@ -86,13 +150,12 @@ def built_in_dataset(args, data_seed: int) -> Dataset | None:
     return dataset
 
 
-def _named_dataset(args, data_seed: int) -> Dataset | None:
-    name = args.dataset
+def _named_dataset(data: DataConfig, data_seed: int) -> Dataset | None:
+    name = data.dataset
     if name in ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr"):
-        return SyntheticDataset(name.split("-", 1)[1], n_users=args.users, d=args.keys,
-                                seed=data_seed)
+        return SyntheticDataset(name.split("-", 1)[1], n_users=data.users, d=data.keys, seed=data_seed)
     if name == "clothing":
-        return load_clothing(args.dataset_path)
+        return load_clothing(data.dataset_path)
     if name == "movielens-100k":
         return load_movielens_100k()
     return None
@@ -108,7 +171,7 @@ class UserSource:
     d: int
 
 
-def derive_dictionary_and_sizes(args, beam_args) -> tuple[list[str], np.ndarray]:
+def derive_dictionary_and_sizes(data: DataConfig, beam_args) -> tuple[list[str], np.ndarray]:
     """The pre-pass over ratings files: the sorted distinct item ids and the
     users' set-size histogram (``mechanisms.padding``) in one job. The
     histogram costs nothing extra: ``ReadRatings`` assembles the users
@@ -116,9 +179,7 @@ def derive_dictionary_and_sizes(args, beam_args) -> tuple[list[str], np.ndarray]
     same rows, so it is the histogram of the users the main job perturbs."""
     out, sizes = scratch_path(beam_args, "keys.txt"), scratch_path(beam_args, "set_sizes.npy")
     p = make_pipeline(beam_args)
-    read = p | "ReadRatings" >> ReadRatings(
-        args.dataset, parse_range(args.rating_range), None, args.input_format,
-        args.user_col, args.item_col, args.rating_col, args.shards)
+    read = p | "ReadRatings" >> data.read_ratings(None)
     (read["dictionary"] | "Join" >> beam.Map("\n".join)
      | "Write" >> beam.io.WriteToText(out, num_shards=1, shard_name_template=""))
     write_size_histogram(read["users"], sizes)
@@ -140,47 +201,45 @@ def sum_per_batch(users: beam.PCollection, per_batch, path: str, label: str):
             | f"{label}Save" >> beam.Map(save_array, path))
 
 
-def users_prepass(args, beam_args, dictionary: Sequence[str], per_batch, name: str) -> np.ndarray:
+def users_prepass(data: DataConfig, beam_args, dictionary: Sequence[str], per_batch, name: str) -> np.ndarray:
     """One pre-pass job over a ratings file's users (ingest side): the sum of
     ``per_batch(UserBatch)`` over every batch."""
     path = scratch_path(beam_args, f"{name}.npy")
     p = make_pipeline(beam_args)
-    sum_per_batch(user_source(p, args, None, dictionary).users, per_batch, path, name)
+    sum_per_batch(user_source(p, data, None, dictionary).users, per_batch, path, name)
     p.run().wait_until_finish()
     return read_array(path)
 
 
-def user_source(p: beam.Pipeline, args, dataset: Dataset | None,
+def user_source(p: beam.Pipeline, data: DataConfig, dataset: Dataset | None,
                 dictionary: Sequence[str] | None = None) -> UserSource:
     """Generate a built-in dataset's batches on the workers, or read ratings
     (``dictionary``: the key dictionary for ratings files)."""
     if dataset is not None:
         users = (p
-                 | "BatchSpecs" >> beam.Create(dataset.specs(args.batch_size))
+                 | "BatchSpecs" >> beam.Create(dataset.specs(data.batch_size))
                  | "SpreadBatches" >> beam.Reshuffle()
                  | "MakeUsers" >> beam.MapTuple(dataset.batch))
         names = p | "KeyNames" >> beam.Create([dataset.key_names])
         return UserSource(users, names, None, dataset.d)
-    read = p | "ReadRatings" >> ReadRatings(
-        args.dataset, parse_range(args.rating_range), dictionary, args.input_format,
-        args.user_col, args.item_col, args.rating_col, args.shards)
+    read = p | "ReadRatings" >> data.read_ratings(dictionary)
     return UserSource(read["users"], read["dictionary"], read[DEAD_LETTER], len(dictionary))
 
 
-def key_dictionary_and_sizes(args, beam_args) -> tuple[list[str], np.ndarray | None]:
+def key_dictionary_and_sizes(data: DataConfig, beam_args) -> tuple[list[str], np.ndarray | None]:
     """The key dictionary of a ratings-file dataset and, when a pre-pass runs
     to derive it, the users' set-size histogram (``None`` with a given
     ``--key-dictionary``: no pass has read the data yet)."""
-    if args.key_dictionary:
-        return read_dictionary(args.key_dictionary), None
-    return derive_dictionary_and_sizes(args, beam_args)
+    if data.key_dictionary:
+        return read_dictionary(data.key_dictionary), None
+    return derive_dictionary_and_sizes(data, beam_args)
 
 
-def key_frequencies(args, beam_args, dataset: Dataset | None, dictionary) -> np.ndarray:
+def key_frequencies(data: DataConfig, beam_args, dataset: Dataset | None, dictionary) -> np.ndarray:
     """How many users hold each key (ingest side: it sees raw data)."""
     if dataset is not None:
-        return merge_histograms(_key_counts(users, dataset.d) for users in dataset.batches(args.batch_size))
-    return users_prepass(args, beam_args, dictionary, functools.partial(_key_counts, d=len(dictionary)), "KeyCounts")
+        return merge_histograms(_key_counts(users, dataset.d) for users in dataset.batches(data.batch_size))
+    return users_prepass(data, beam_args, dictionary, functools.partial(_key_counts, d=len(dictionary)), "KeyCounts")
 
 
 def _key_counts(users, d: int) -> np.ndarray:

@@ -10,8 +10,8 @@ run exactly (batch ``b`` of round ``r`` always draws from ``(seed, b, r)``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import sys
 
 import apache_beam as beam
 import fastavro
@@ -22,7 +22,9 @@ from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms.protocol import Collection
 from kvldp.pipelines import mechanism_args, report, runner, sources
 from kvldp.pipelines.graphs import collect_graph, ioh_counts_file
+from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.padding import padding_from_reports, resolve_padding
+from kvldp.pipelines.sources import DataConfig
 from kvldp.schemas.records import broadcast_records, state_from_broadcast
 from kvldp.transforms.io import (
     ReadReports,
@@ -35,13 +37,9 @@ from kvldp.transforms.perturb import Perturb
 from kvldp.transforms.ratings import write_dead_letters
 
 
-def report_prefix(output: str) -> str:
-    return output[:-len(".avro")] if output.endswith(".avro") else output
-
-
 def add_round_arguments(parser: argparse.ArgumentParser):
     rounds = parser.add_argument_group("multi-round protocols (privkvm, privkvm-vi, privkvm-plus, ks-grr, ks-adap)")
-    rounds.add_argument("--round", type=int, default=1, help="1-based round number")
+    rounds.add_argument("--round", type=sources.positive_int, default=1, help="1-based round number")
     rounds.add_argument("--broadcast", default=None,
                         help="the broadcast file written by the previous round's collect (rounds >= 2)")
     return rounds
@@ -65,6 +63,31 @@ def add_perturb_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--input", dest="dataset_input", default=None, help="ratings file/pattern (= --dataset PATH)")
     parser.add_argument("--output", required=True,
                         help="REPORTS.avro: writes REPORTS-NNNNN.avro (one per batch) and REPORTS.keys.txt")
+
+
+@dataclasses.dataclass(frozen=True)
+class PerturbConfig:
+    """One ``perturb`` round: whose users, which mechanism, which round
+    (``round`` 1-based; ``broadcast``: the previous round's file), the
+    collection to start or continue, and the reports' ``output``."""
+
+    data: DataConfig
+    mechanism: MechanismConfig
+    output: str
+    round: int = 1
+    broadcast: str | None = None
+    collection_id: str | None = None
+
+    @property
+    def prefix(self) -> str:
+        """Reports go to ``PREFIX-NNNNN.avro`` and the key names to ``PREFIX.keys.txt``."""
+        return self.output[:-len(".avro")] if self.output.endswith(".avro") else self.output
+
+    @classmethod
+    def from_args(cls, args) -> PerturbConfig:
+        data = DataConfig.from_args(args, dataset=args.dataset_input)      # --input PATH = --dataset PATH
+        return cls(data, MechanismConfig.from_args(args), args.output, args.round, args.broadcast,
+                   args.collection_id)
 
 
 def read_broadcast(path: str, key_names, protocol):
@@ -112,61 +135,59 @@ def round_config(protocol, round_index: int, collection: Collection) -> dict:
     return {**protocol.config(round_index), "collection": collection.id, "layout": collection.layout}
 
 
-def ingest_layout(args, dataset) -> str:
+def ingest_layout(data: DataConfig, dataset) -> str:
     """How the perturbing side turns users into (batch, position): a user's
     group depends on it, so every round must batch alike."""
     if dataset is None:
-        return f"ratings shards={args.shards}"
-    return f"{dataset.name} users={dataset.n_users} batch_size={args.batch_size}"
+        return f"ratings shards={data.shards}"
+    return f"{dataset.name} users={dataset.n_users} batch_size={data.batch_size}"
 
 
-def perturb_state(args, protocol, seed: int, dataset, key_names):
+def perturb_state(config: PerturbConfig, protocol, seed: int, dataset, key_names):
     """The state this perturb round starts from. Round 1 starts a collection
     (``--collection-id``, else derived from the run seed); later rounds take
     the broadcast's, after checking that this invocation agrees with round 1
     on everything that decides the user groups."""
-    if protocol.max_rounds == 1 and (args.round != 1 or args.broadcast or args.collection_id):
+    cid, seed_given = config.collection_id, config.data.seed
+    if protocol.max_rounds == 1 and (config.round != 1 or config.broadcast or cid):
         raise ValueError(f"{protocol.name} has a single round: no --round/--broadcast/--collection-id")
-    layout = ingest_layout(args, dataset)
-    if args.round == 1:
-        collection = Collection(args.collection_id, layout) if args.collection_id else \
-            Collection.from_seed(seed, layout)
-        return protocol_state_for_round(protocol, 1, args.broadcast, key_names, collection)
-    state = protocol_state_for_round(protocol, args.round, args.broadcast, key_names)
+    layout = ingest_layout(config.data, dataset)
+    if config.round == 1:
+        collection = Collection(cid, layout) if cid else Collection.from_seed(seed, layout)
+        return protocol_state_for_round(protocol, 1, config.broadcast, key_names, collection)
+    state = protocol_state_for_round(protocol, config.round, config.broadcast, key_names)
     found = state.collection
-    if args.collection_id and args.collection_id != found.id:
-        raise ValueError(f"--collection-id {args.collection_id} is not round 1's ({found.id}, in the broadcast): "
+    if cid and cid != found.id:
+        raise ValueError(f"--collection-id {cid} is not round 1's ({found.id}, in the broadcast): "
                          "refusing to regroup users (each would risk reporting in two groups)")
-    if args.seed is not None and args.collection_id is None and Collection.from_seed(args.seed).id != found.id:
+    if seed_given is not None and cid is None and Collection.from_seed(seed_given).id != found.id:
         raise ValueError("--seed differs from the seed round 1 ran with (the broadcast's collection id does not "
                          "derive from it): pass round 1's --seed, or drop --seed")
     if found.layout != layout:
         raise ValueError(f"round 1 batched users as '{found.layout}', this round as '{layout}': users would "
                          "fall into other groups; rerun with round 1's --shards/--batch-size/--users")
-    if isinstance(dataset, SyntheticDataset) and args.seed is None:
+    if isinstance(dataset, SyntheticDataset) and seed_given is None:
         raise ValueError("a synthetic dataset is regenerated from the seed: later rounds need round 1's --seed")
     return state
 
 
-def run_perturb(args, beam_args) -> dict:
-    if args.dataset_input:
-        args.dataset = args.dataset_input
-    seeds = sources.Seeds.from_arg(args.seed)
-    dataset = sources.built_in_dataset(args, seeds.data)
-    dictionary, set_sizes = (None, None) if dataset is not None else sources.key_dictionary_and_sizes(args, beam_args)
-    prefix = report_prefix(args.output)
+def run_perturb(config: PerturbConfig, beam_args) -> dict:
+    data, chosen, prefix = config.data, config.mechanism, config.prefix
+    seeds = sources.Seeds.from_arg(data.seed)
+    dataset = sources.built_in_dataset(data, seeds.data)
+    dictionary, set_sizes = (None, None) if dataset is not None else sources.key_dictionary_and_sizes(data, beam_args)
     key_names = dataset.key_names if dataset is not None else dictionary
-    ioh_keys = mechanism_args.resolve_ioh_keys(args, beam_args, key_names, dataset, dictionary)
-    padding = resolve_padding(args, beam_args, dataset, dictionary, set_sizes)   # 'auto' -> l; warns if l truncates
-    mechanism = mechanism_args.make_mechanism(args, len(key_names), dataset, ioh_keys, padding=padding.l)
-    r = args.round - 1
-    state = perturb_state(args, mechanism, seeds.perturb, dataset, key_names)
-    config = round_config(mechanism, r, state.collection)
+    ioh_keys = mechanism_args.resolve_ioh_keys(chosen, data, beam_args, key_names, dataset, dictionary)
+    padding = resolve_padding(chosen, data, beam_args, dataset, dictionary, set_sizes)  # 'auto' -> l; warns
+    mechanism = chosen.make(len(key_names), dataset, ioh_keys, padding=padding.l)
+    r = config.round - 1
+    state = perturb_state(config, mechanism, seeds.perturb, dataset, key_names)
+    round_cfg = round_config(mechanism, r, state.collection)
     p = runner.make_pipeline(beam_args)
-    source = sources.user_source(p, args, dataset, dictionary)
+    source = sources.user_source(p, data, dataset, dictionary)
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
     reports = source.users | "Perturb" >> Perturb(mechanism, seeds.perturb, r, state)
-    reports | "WriteReports" >> WriteReports(prefix, config)
+    reports | "WriteReports" >> WriteReports(prefix, round_cfg)
     (source.key_names | "JoinKeys" >> beam.Map("\n".join)
      | "WriteKeys" >> beam.io.WriteToText(prefix + ".keys.txt", num_shards=1, shard_name_template=""))
     if source.dead_letter is not None:
@@ -177,9 +198,9 @@ def run_perturb(args, beam_args) -> dict:
     stats = runner.counters(result)
     runner.print_row_summary(stats)
     print(f"{stats.get('reports_written', 0)} reports of {mechanism!r}"
-          f"{f' round {args.round}' if mechanism.max_rounds > 1 else ''} written to {prefix}-*.avro; "
+          f"{f' round {config.round}' if mechanism.max_rounds > 1 else ''} written to {prefix}-*.avro; "
           f"key dictionary {prefix}.keys.txt")
-    if mechanism.group_shares is not None and args.round == 1:
+    if mechanism.group_shares is not None and config.round == 1:
         cid = state.collection.id
         print(f"collection id {cid} (later rounds read it from the broadcast; pass "
               f"--collection-id {cid} to make them refuse a broadcast that changes it)")
@@ -191,7 +212,8 @@ def add_collect_arguments(parser: argparse.ArgumentParser):
     add_round_arguments(parser)
     parser.add_argument("--input", required=True, help="report files, e.g. 'REPORTS*.avro'")
     parser.add_argument("--key-dictionary", default=None, help="REPORTS.keys.txt written by perturb")
-    parser.add_argument("--keys", type=int, default=None, help="d, when keys are unnamed 0 … d-1")
+    parser.add_argument("--keys", type=sources.positive_int, default=None,
+                        help="d, when keys are unnamed 0 … d-1")
     parser.add_argument("--output", required=True, help="estimates file (.avro, .jsonl or .csv)")
     parser.add_argument("--broadcast-out", default=None,
                         help="multi-round: where to write this round's broadcast (default OUTPUT.broadcast.avro)")
@@ -199,6 +221,35 @@ def add_collect_arguments(parser: argparse.ArgumentParser):
                         help="IOH: where to write the cell counts for kvldp query (default OUTPUT.counts.avro)")
     parser.add_argument("--rows", type=int, default=10)
     parser.add_argument("--fanout", type=int, default=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectConfig:
+    """One ``collect`` round: the mechanism the reports were made with, the
+    report files (``input``), the key names (``key_dictionary``, else ``keys``
+    unnamed keys), the round, and where the estimates, the next round's
+    broadcast and IOH's counts go."""
+
+    mechanism: MechanismConfig
+    input: str
+    output: str
+    round: int = 1
+    broadcast: str | None = None
+    key_dictionary: str | None = None
+    keys: int | None = None
+    broadcast_out: str | None = None
+    counts_out: str | None = None
+    rows: int = 10
+    fanout: int | None = None
+
+    def __post_init__(self):
+        if not self.key_dictionary and not self.keys:
+            raise ValueError("collect needs --key-dictionary (written by perturb) or --keys d")
+
+    @classmethod
+    def from_args(cls, args) -> CollectConfig:
+        return cls(MechanismConfig.from_args(args), args.input, args.output, args.round, args.broadcast,
+                   args.key_dictionary, args.keys, args.broadcast_out, args.counts_out, args.rows, args.fanout)
 
 
 def reports_collection(pattern: str, found: dict) -> Collection:
@@ -219,28 +270,26 @@ def check_collection(pattern: str, found: dict, expected: dict) -> None:
             "report twice; refusing")
 
 
-def collect_key_names(args) -> list[str]:
-    if args.key_dictionary:
-        return sources.read_dictionary(args.key_dictionary)
-    if args.keys:
-        return [str(k) for k in range(args.keys)]
-    sys.exit("collect needs --key-dictionary (from perturb) or --keys d")
+def collect_key_names(config: CollectConfig) -> list[str]:
+    if config.key_dictionary:
+        return sources.read_dictionary(config.key_dictionary)
+    return [str(k) for k in range(config.keys)]
 
 
-def collect_start(args, protocol, names, found: dict):
+def collect_start(config: CollectConfig, protocol, names, found: dict):
     """``(round index, the state the round starts from, the config its
     reports must carry)``, with every report file checked against it. Round
     1 of a multi-round protocol starts the collection its reports name."""
-    if protocol.max_rounds == 1 and (args.round != 1 or args.broadcast):
+    if protocol.max_rounds == 1 and (config.round != 1 or config.broadcast):
         raise ValueError(f"{protocol.name} has a single round: no --round/--broadcast")
-    r = args.round - 1
+    r = config.round - 1
     starts_collection = r == 0 and protocol.max_rounds > 1
-    previous = protocol_state_for_round(protocol, args.round, args.broadcast, names,
-                                        reports_collection(args.input, found) if starts_collection else None)
+    previous = protocol_state_for_round(protocol, config.round, config.broadcast, names,
+                                        reports_collection(config.input, found) if starts_collection else None)
     expected = round_config(protocol, r, previous.collection)
     if protocol.max_rounds > 1:
-        check_collection(args.input, found, expected)
-    check_report_files(args.input, expected, found)
+        check_collection(config.input, found, expected)
+    check_report_files(config.input, expected, found)
     return r, previous, expected
 
 
@@ -252,45 +301,46 @@ def write_broadcast(state, protocol, names, path: str):
                                                       num_shards=1, shard_name_template=""))
 
 
-def run_collect(args, beam_args) -> dict:
-    names = collect_key_names(args)
-    found = report_config(args.input)      # every file's header, read once, before any compute
-    ioh_keys = None
-    if mechanism_args.takes_ioh_keys(args):
+def run_collect(config: CollectConfig, beam_args) -> dict:
+    names = collect_key_names(config)
+    found = report_config(config.input)    # every file's header, read once, before any compute
+    chosen, ioh_keys = config.mechanism, None
+    if chosen.takes_ioh_keys():
         # the chosen keys travel with the reports; --ioh-keys may restate them
-        ioh_keys = mechanism_args.named_keys(args.ioh_keys, names) if args.ioh_keys else found.get("ioh_keys")
+        ioh_keys = mechanism_args.named_keys(chosen.ioh_keys, names) if chosen.ioh_keys else found.get("ioh_keys")
     # --padding auto: the l the perturbing side chose, read from the reports' config
-    padding = padding_from_reports(args, found)
-    mechanism = mechanism_args.make_mechanism(args, len(names), ioh_keys=ioh_keys, padding=padding)
-    r, previous, expected = collect_start(args, mechanism, names, found)
+    padding = padding_from_reports(chosen, config.input, found)
+    mechanism = chosen.make(len(names), ioh_keys=ioh_keys, padding=padding)
+    r, previous, expected = collect_start(config, mechanism, names, found)
     p = runner.make_pipeline(beam_args)
     key_names = p | "KeyNames" >> beam.Create([names])
-    reports = p | "ReadReports" >> ReadReports(args.input, mechanism, r, expected)
+    reports = p | "ReadReports" >> ReadReports(config.input, mechanism, r, expected)
     # reports -> counts of round r -> the state after round r -> records
-    out = collect_graph(reports, mechanism, r, previous, key_names, args.fanout)
-    out["records"] | "WriteEstimates" >> WriteEstimates(args.output)
+    out = collect_graph(reports, mechanism, r, previous, key_names, config.fanout)
+    out["records"] | "WriteEstimates" >> WriteEstimates(config.output)
     broadcast_out, counts_out = None, None
     if mechanism.max_rounds > 1:
-        broadcast_out = args.broadcast_out or args.output + ".broadcast.avro"
+        broadcast_out = config.broadcast_out or config.output + ".broadcast.avro"
         write_broadcast(out["state"], mechanism, names, broadcast_out)
     if ioh_keys is not None:
-        counts_out = args.counts_out or args.output + ".counts.avro"
+        counts_out = config.counts_out or config.output + ".counts.avro"
         ioh_counts_file(out["counts"], None, mechanism, key_names, counts_out)
     result = p.run()
     result.wait_until_finish()
     stats = runner.counters(result)
-    print_collected(args, mechanism, stats, broadcast_out, counts_out)
-    return {"output": args.output, "stats": stats, "broadcast": broadcast_out, "counts": counts_out}
+    print_collected(config, mechanism, stats, broadcast_out, counts_out)
+    return {"output": config.output, "stats": stats, "broadcast": broadcast_out, "counts": counts_out}
 
 
-def print_collected(args, mechanism, stats: dict, broadcast_out: str | None, counts_out: str | None):
+def print_collected(config: CollectConfig, mechanism, stats: dict, broadcast_out: str | None,
+                    counts_out: str | None):
     print(f"{stats.get('reports_read', 0)} reports collected by {mechanism!r}")
-    report.print_table(report.read_estimates(args.output), args.rows)
-    print(f"estimates written to {args.output}")
+    report.print_table(report.read_estimates(config.output), config.rows)
+    print(f"estimates written to {config.output}")
     if broadcast_out:
         with FileSystems.open(broadcast_out) as fh:
             first = next(iter(fastavro.reader(fh)))
-        status = "the protocol has ended" if first["stopped"] else f"next: --round {args.round + 1}"
+        status = "the protocol has ended" if first["stopped"] else f"next: --round {config.round + 1}"
         print(f"broadcast for the next round written to {broadcast_out} "
               f"(eps spent {first['epsilon_spent']:g}; {status})")
     if counts_out:

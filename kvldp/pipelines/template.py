@@ -16,10 +16,12 @@ import sys
 from kvldp.mechanisms.params import floats, whole_or_auto
 from kvldp.pipelines import cli
 from kvldp.pipelines.flags import mechanism_flags
+from kvldp.pipelines.sources import positive_int
 
 COMMAND = "collect"
 NUMBER = r"^-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
 WHOLE = r"^[0-9]+$"
+POSITIVE = r"^0*[1-9][0-9]*$"
 NUMBERS = r"^-?[0-9.eE+-]+(,-?[0-9.eE+-]+)*$"
 
 
@@ -29,6 +31,8 @@ def _regex(action: argparse.Action, option_meta: dict | None) -> str | None:
     parse = (option_meta or {}).get("parse") or action.type
     if parse is whole_or_auto:
         return r"^([0-9]+|auto)$"
+    if parse is positive_int:
+        return POSITIVE
     if parse is int or (option_meta or {}).get("whole"):
         return WHOLE
     if parse is float:
