@@ -9,7 +9,7 @@ import logging
 import sys
 from collections.abc import Callable
 
-from kvldp.pipelines import advise, bench, evaluate, query, simulate, split
+from kvldp.pipelines import advise, bench, evaluate, publish, query, simulate, split, stream
 from kvldp.pipelines.flags import check_beam_args
 
 
@@ -31,6 +31,10 @@ COMMANDS = {
                        "client/ingest side: ratings -> randomised reports (Avro)"),
     "collect": Command(split.add_collect_arguments, split.CollectConfig, split.run_collect,
                        "collector side: reports -> calibrated estimates"),
+    "publish": Command(publish.add_arguments, publish.PublishConfig, publish.run,
+                       "device side in a box: perturb as perturb does, publish report batches to Pub/Sub"),
+    "stream": Command(stream.add_arguments, stream.StreamConfig, stream.run,
+                      "continuous collector: Pub/Sub reports -> estimates per event-time window and pane"),
     "query": Command(query.add_arguments, query.QueryConfig, query.run,
                      "IOH: conditional frequency and mean from a counts file"),
     "evaluate": Command(evaluate.add_arguments, evaluate.EvaluateConfig, evaluate.run,

@@ -52,6 +52,9 @@ def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
     options = PipelineOptions(list(beam_args))
     if options.view_as(StandardOptions).runner is not None:
         return beam.Pipeline(options=options)
+    if options.view_as(StandardOptions).streaming:
+        # unbounded sources (Pub/Sub) need the DirectRunner's streaming mode
+        return beam.Pipeline(runner="DirectRunner", options=options)
     direct = options.view_as(DirectOptions)
     if not any(a.startswith("--direct_num_workers") for a in beam_args):
         direct.direct_num_workers = min(2, os.cpu_count() or 1)
@@ -79,8 +82,9 @@ def read_array(path: str) -> np.ndarray:
         return np.load(io.BytesIO(fh.read()))
 
 
-def counters(result) -> dict[str, int]:
-    """The ``kvldp`` counters of a finished pipeline."""
+def counters(result, quiet: bool = False) -> dict[str, int]:
+    """The ``kvldp`` counters of a pipeline (finished, or running: what has
+    been committed so far; ``quiet``: no notice when a runner has none)."""
     out: dict[str, int] = {}
     try:
         for c in result.metrics().query()["counters"]:
@@ -88,7 +92,8 @@ def counters(result) -> dict[str, int]:
                 value = c.committed if c.committed is not None else c.attempted
                 out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(value or 0)
     except Exception as err:  # some runners do not report metrics
-        print(f"(metrics unavailable: {err})", file=sys.stderr)
+        if not quiet:
+            print(f"(metrics unavailable: {err})", file=sys.stderr)
     return out
 
 

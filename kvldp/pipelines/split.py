@@ -52,7 +52,7 @@ def collection_id(text: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def add_perturb_arguments(parser: argparse.ArgumentParser):
+def add_perturb_arguments(parser: argparse.ArgumentParser, output_required: bool = True):
     mechanism_args.add_mechanism_args(parser)
     sources.add_dataset_args(parser)
     add_round_arguments(parser).add_argument(
@@ -61,8 +61,9 @@ def add_perturb_arguments(parser: argparse.ArgumentParser):
              "run seed), later rounds refuse a broadcast that carries another (default: they take the "
              "broadcast's)")
     parser.add_argument("--input", dest="dataset_input", default=None, help="ratings file/pattern (= --dataset PATH)")
-    parser.add_argument("--output", required=True,
-                        help="REPORTS.avro: writes REPORTS-NNNNN.avro (one per batch) and REPORTS.keys.txt")
+    parser.add_argument("--output", required=output_required,
+                        help="REPORTS.avro: writes REPORTS-NNNNN.avro (one per batch) and REPORTS.keys.txt"
+                             + ("" if output_required else " (default: a scratch directory)"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +74,7 @@ class PerturbConfig:
 
     data: DataConfig
     mechanism: MechanismConfig
-    output: str
+    output: str | None
     round: int = 1
     broadcast: str | None = None
     collection_id: str | None = None

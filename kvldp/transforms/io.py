@@ -15,16 +15,15 @@ import json
 from collections.abc import Mapping, Sequence
 
 import apache_beam as beam
-import fastavro
 from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from kvldp import schemas
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
+from kvldp.schemas import envelope
 
 FORMATS = ("csv", "jsonl", "avro")
-CONFIG_METADATA_KEY = "kvldp.config"
 
 
 def format_of(path: str, declared: str | None = None) -> str:
@@ -44,14 +43,13 @@ def format_of(path: str, declared: str | None = None) -> str:
 
 class _WriteReportFileFn(beam.DoFn):
     def __init__(self, prefix: str, config: dict):
-        self._prefix, self._config = prefix, json.dumps(config, sort_keys=True)
+        self._prefix, self._config = prefix, dict(config)
         self._written = Metrics.counter("kvldp", "reports_written")
 
     def process(self, reports):
         path = f"{self._prefix}-{reports.batch_id:05d}.avro"
         with FileSystems.create(path) as fh:
-            fastavro.writer(fh, schemas.parsed(reports.schema), reports.records(),
-                            metadata={CONFIG_METADATA_KEY: self._config}, codec="deflate")
+            envelope.write_reports(fh, reports, self._config)
         self._written.inc(reports.n_reports)
         yield path
 
@@ -76,20 +74,11 @@ class _ReadReportFileFn(beam.DoFn):
 
     def process(self, readable):
         with readable.open() as fh:
-            reader = fastavro.reader(fh)
-            raw = reader.metadata.get(CONFIG_METADATA_KEY)
-            found = json.loads(raw) if raw else None
-            if found != self._config:
-                raise ValueError(
-                    f"{readable.metadata.path}: reports were made by {found}, but the collector was "
-                    f"configured as {self._config}; rerun collect with the perturbing side's parameters")
-            kind = self._protocol.round_report_type(self._round)
-            if reader.writer_schema.get("name", "").split(".")[-1] != schemas.load(kind.schema)["name"]:
-                raise ValueError(f"{readable.metadata.path}: {reader.writer_schema.get('name')} records, but "
-                                 f"{self._protocol.name} reads {kind.schema} records")
+            container = envelope.ReportContainer(fh)
+            container.check(self._config, self._protocol.round_report_type(self._round), readable.metadata.path)
             decode = functools.partial(self._protocol.reports_from_records, self._round)
             batch = []
-            for record in reader:
+            for record in container:
                 batch.append(record)
                 if len(batch) >= self._rows:
                     self._read.inc(len(batch))
@@ -109,8 +98,7 @@ def report_configs(pattern: str) -> dict[str, dict]:
     out = {}
     for meta in sorted(matched, key=lambda m: m.path):
         with FileSystems.open(meta.path) as fh:
-            raw = fastavro.reader(fh).metadata.get(CONFIG_METADATA_KEY)
-        out[meta.path] = json.loads(raw) if raw else {}
+            out[meta.path] = envelope.ReportContainer(fh).config or {}
     return out
 
 

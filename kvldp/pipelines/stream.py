@@ -1,0 +1,274 @@
+"""``kvldp stream``: continuous collection. Read report messages from a
+Pub/Sub subscription, refuse what is not this collection's (dead letter with
+the reason), count each batch once, window by event time, and publish the
+calibrated estimates of every pane (early, on time, late) to files and/or a
+topic. See ``transforms/streaming.py`` for the semantics of lateness and
+deduplication.
+
+Locally it runs on Beam's streaming DirectRunner (``PUBSUB_EMULATOR_HOST``
+points it at the emulator); the same command runs on Dataflow with
+``--runner DataflowRunner`` (which also deduplicates on the message id
+attribute, ``id_label``). The job prints its counters every
+``--progress-every`` and stops on ``--max-runtime``, ``--stop-after-windows``
+or SIGINT (then it drains: it waits until every batch read is in an
+emitted pane, at most ``--drain-timeout``, and exits 0).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import signal
+import sys
+import threading
+import time
+import uuid
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+from kvldp.pipelines import mechanism_args, runner, sources, split
+from kvldp.pipelines.mechanism_args import MechanismConfig
+from kvldp.pipelines.pubsub_admin import ensure_subscription
+from kvldp.pipelines.units import parse_duration, pubsub_path
+from kvldp.schemas import envelope
+from kvldp.transforms.direct_pubsub import responsive_pulls
+from kvldp.transforms.stream_sinks import (
+    PANE_FORMATS,
+    PublishDeadLetters,
+    PublishPanes,
+    WriteDeadLetters,
+    WritePanes,
+)
+from kvldp.transforms.streaming import (
+    DEAD_LETTER,
+    CalibratePanes,
+    CheckReports,
+    DeduplicateBatches,
+    WindowReports,
+    WindowSpec,
+)
+from kvldp.transforms.tally import forget, tally
+
+DIRECT_RUNNERS = (None, "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
+
+
+def add_arguments(parser: argparse.ArgumentParser):
+    mechanism_args.add_mechanism_args(parser)
+    parser.add_argument("--subscription", required=True, type=pubsub_path("subscriptions"),
+                        help="projects/PROJECT/subscriptions/NAME the report messages arrive on")
+    parser.add_argument("--subscribe-to", type=pubsub_path("topics"), default=None,
+                        help="create --subscription on this topic (and the topic) if they do not exist")
+    parser.add_argument("--key-dictionary", default=None, help="REPORTS.keys.txt (the public key dictionary)")
+    parser.add_argument("--keys", type=sources.positive_int, default=None, help="d, when keys are unnamed 0 … d-1")
+    win = parser.add_argument_group("windows and panes")
+    win.add_argument("--window", type=parse_duration, required=True, help="event-time window length, e.g. 1h")
+    win.add_argument("--sliding-every", type=parse_duration, default=None,
+                     help="sliding windows starting this often (default: fixed windows)")
+    win.add_argument("--early-every", type=parse_duration, default=None,
+                     help="an early (accumulating) pane this long after a pane's first batch, e.g. 30s")
+    win.add_argument("--allowed-lateness", type=parse_duration, default=0.0,
+                     help="late batches up to this long after a window's end get a LATE pane; later ones are "
+                          "dead letters (collector's clock; default 0)")
+    win.add_argument("--max-future", type=parse_duration, default=300.0,
+                     help="refuse event times further ahead of the collector's clock (default 5m)")
+    win.add_argument("--dedupe-horizon", type=parse_duration, default=3600.0,
+                     help="a batch redelivered within this long is counted once (default 1h)")
+    out = parser.add_argument_group("sinks (at least one of --output-dir, --output-topic)")
+    out.add_argument("--output-dir", default=None, help="one file per pane: estimates-START-END-paneNNN-TIMING.EXT")
+    out.add_argument("--output-format", choices=PANE_FORMATS, default="jsonl")
+    out.add_argument("--output-topic", type=pubsub_path("topics"), default=None,
+                     help="one Avro message per pane (windowed_estimate.avsc)")
+    out.add_argument("--dead-letter-dir", default=None, help="one JSON file per refused message")
+    out.add_argument("--dead-letter-topic", type=pubsub_path("topics"), default=None,
+                     help="refused messages, unchanged, with kvldp_dead_reason/_detail attributes")
+    run = parser.add_argument_group("running")
+    run.add_argument("--max-runtime", type=parse_duration, default=None, help="stop (drain) after this long")
+    run.add_argument("--stop-after-windows", type=sources.positive_int, default=None,
+                     help="stop once this many windows have had their on-time pane")
+    run.add_argument("--progress-every", type=parse_duration, default=10.0, help="counters in the log (10s)")
+    run.add_argument("--drain-timeout", type=parse_duration, default=60.0,
+                     help="on stop, wait at most this long for the batches read to reach a pane (60s)")
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamConfig:
+    """A continuous collection: the mechanism, the subscription, the key
+    names, the windows, the sinks and when to stop."""
+
+    mechanism: MechanismConfig
+    subscription: str
+    windows: WindowSpec
+    key_dictionary: str | None = None
+    keys: int | None = None
+    dedupe_horizon: float = 3600.0
+    output_dir: str | None = None
+    output_format: str = "jsonl"
+    output_topic: str | None = None
+    dead_letter_dir: str | None = None
+    dead_letter_topic: str | None = None
+    max_runtime: float | None = None
+    stop_after_windows: int | None = None
+    progress_every: float = 10.0
+    drain_timeout: float = 60.0
+    subscribe_to: str | None = None
+
+    def __post_init__(self):
+        if not self.key_dictionary and not self.keys:
+            raise ValueError("stream needs --key-dictionary (written by perturb/publish) or --keys d")
+        if not self.output_dir and not self.output_topic:
+            raise ValueError("stream needs a sink: --output-dir and/or --output-topic")
+        if self.mechanism.takes_ioh_keys() and not self.mechanism.ioh_keys:
+            raise ValueError("stream cannot read IOH's keys from report files: name them with --ioh-keys")
+        if self.mechanism.get("padding") == "auto":
+            raise ValueError("stream cannot read the padding from report files: give --padding l")
+
+    @classmethod
+    def from_args(cls, args) -> StreamConfig:
+        spec = WindowSpec(args.window, args.sliding_every, args.early_every, args.allowed_lateness, args.max_future)
+        return cls(MechanismConfig.from_args(args), args.subscription, spec, args.key_dictionary, args.keys,
+                   args.dedupe_horizon, args.output_dir, args.output_format, args.output_topic,
+                   args.dead_letter_dir, args.dead_letter_topic, args.max_runtime, args.stop_after_windows,
+                   args.progress_every, args.drain_timeout, args.subscribe_to)
+
+
+def stream_graph(p: beam.Pipeline, config: StreamConfig, protocol, key_names, round_config: dict,
+                 id_label: bool, job: str):
+    """``subscription -> panes`` with the sinks attached; returns the panes
+    (``job``: the key of the job's in-process counters, ``transforms.tally``)."""
+    messages = p | "Read" >> beam.io.ReadFromPubSub(
+        subscription=config.subscription, with_attributes=True, timestamp_attribute=envelope.EVENT_MS,
+        id_label=envelope.MESSAGE_ID if id_label else None)
+    checked = messages | "CheckReports" >> CheckReports(protocol, 0, round_config, config.windows.max_future, job)
+    unique = checked["reports"] | "DeduplicateBatches" >> DeduplicateBatches(config.dedupe_horizon, job)
+    windowed = unique | "Windows" >> WindowReports(config.windows, job)
+    panes = windowed["reports"] | "CalibratePanes" >> CalibratePanes(protocol, job)
+    keys = protocol.estimate_keys
+    if config.output_dir:
+        panes | "WritePanes" >> WritePanes(config.output_dir, key_names, job, keys, config.output_format)
+    if config.output_topic:
+        panes | "PublishPanes" >> PublishPanes(config.output_topic, key_names, keys,
+                                               envelope.config_fingerprint(round_config))
+    letters = (checked[DEAD_LETTER], windowed[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
+    if config.dead_letter_dir:
+        letters | "WriteDeadLetters" >> WriteDeadLetters(config.dead_letter_dir)
+    if config.dead_letter_topic:
+        letters | "PublishDeadLetters" >> PublishDeadLetters(config.dead_letter_topic)
+    return panes
+
+
+def progress_line(stats: dict, elapsed: float) -> str:
+    read, valid = stats.get("messages_read", 0), stats.get("messages_valid", 0)
+    unique = stats.get("batches_unique", 0)
+    return (f"[{elapsed:6.0f} s] messages read {read} (rejected {stats.get('messages_rejected', 0)}, "
+            f"duplicates {valid - unique}), batches late {stats.get('batches_late', 0)}, accepted "
+            f"{stats.get('batches_accepted', 0)} ({stats.get('reports_accepted', 0)} reports); panes "
+            f"{stats.get('panes_emitted', 0)} (on time {stats.get('panes_on_time', 0)}, late "
+            f"{stats.get('panes_late', 0)})")
+
+
+class Monitor:
+    """Polls a running streaming job's counters, logs them, and decides when
+    to stop: ``--max-runtime``, ``--stop-after-windows`` or SIGINT, then a
+    drain (every batch read has reached an emitted pane, and every pane
+    emitted has been written) bounded by ``--drain-timeout``."""
+
+    def __init__(self, result, config: StreamConfig, job: str, direct: bool, out=None):
+        self._result, self._config, self._out = result, config, out or sys.stdout
+        self._job, self._direct = job, direct
+        self._stop_reason: str | None = None
+        self.stats: dict = {}
+        self._last_reads, self._last_panes = (0, 0), 0
+        self._read_at = self._pane_at = time.monotonic()
+
+    def request_stop(self, reason: str):
+        self._stop_reason = self._stop_reason or reason
+
+    def _poll(self) -> dict:
+        # the DirectRunner's streaming metrics go stale after a bundle (transforms/tally.py)
+        s = tally(self._job) if self._direct else runner.counters(self._result, quiet=True)
+        now = time.monotonic()
+        if (s.get("messages_read", 0), s.get("batches_accepted", 0)) != self._last_reads:
+            self._last_reads, self._read_at = (s.get("messages_read", 0), s.get("batches_accepted", 0)), now
+        if s.get("panes_emitted", 0) != self._last_panes:
+            self._last_panes, self._pane_at = s.get("panes_emitted", 0), now
+        self.stats = s
+        return s
+
+    def _written_all(self, s: dict) -> bool:
+        if not self._config.output_dir:
+            return True
+        return s.get("pane_files_written", 0) >= s.get("panes_emitted", 0)
+
+    def _drained(self, s: dict) -> bool:
+        """Nothing read for a second, and a pane (written) emitted at a poll
+        after the last batch accepted: every batch read is in a pane."""
+        quiet = time.monotonic() - self._read_at >= 1.0
+        caught_up = s.get("batches_accepted", 0) == 0 or self._pane_at > self._read_at
+        return quiet and caught_up and self._written_all(s)
+
+    def run(self) -> str:
+        start = last_log = time.monotonic()
+        step = min(1.0, self._config.progress_every)
+        while self._stop_reason is None:
+            time.sleep(step)
+            s, now = self._poll(), time.monotonic()
+            if now - last_log >= self._config.progress_every:
+                print(progress_line(s, now - start), file=self._out, flush=True)
+                last_log = now
+            if self._config.max_runtime is not None and now - start >= self._config.max_runtime:
+                self.request_stop(f"--max-runtime {self._config.max_runtime:g} s")
+            windows = self._config.stop_after_windows
+            if windows is not None and s.get("panes_on_time", 0) >= windows and self._written_all(s):
+                self.request_stop(f"{windows} windows had their on-time pane")
+        deadline, drained = time.monotonic() + self._config.drain_timeout, False
+        while not drained and time.monotonic() < deadline:
+            drained = self._drained(self._poll())
+            if not drained:
+                time.sleep(0.5)
+        print(progress_line(self.stats, time.monotonic() - start), file=self._out, flush=True)
+        print(f"stopping: {self._stop_reason}; " + (
+            "drained: every batch read is in an emitted pane" if drained else
+            f"drain timed out after {self._config.drain_timeout:g} s: batches read since the last pane may "
+            "be in no emitted pane"), file=self._out, flush=True)
+        return self._stop_reason
+
+
+def _install_sigint(monitor: Monitor):
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, lambda *_: monitor.request_stop("SIGINT"))
+
+
+def run(config: StreamConfig, beam_args) -> dict:
+    names = split.collect_key_names(config)
+    protocol = config.mechanism.make(len(names), ioh_keys=(
+        mechanism_args.named_keys(config.mechanism.ioh_keys, names) if config.mechanism.ioh_keys else None))
+    if protocol.max_rounds > 1:
+        raise ValueError(f"{protocol.name} runs several rounds; kvldp stream collects single-round mechanisms "
+                         "(multi-round protocols: the split deployment, perturb/collect per round)")
+    round_config = split.round_config(protocol, 0, None)
+    if config.subscribe_to and ensure_subscription(config.subscription, config.subscribe_to):
+        print(f"created subscription {config.subscription} on {config.subscribe_to}")
+    args = list(beam_args) + ([] if "--streaming" in beam_args else ["--streaming"])
+    runner_name = PipelineOptions(args).view_as(StandardOptions).runner
+    direct = runner_name in DIRECT_RUNNERS
+    if direct:
+        responsive_pulls()           # Beam's DirectRunner stalls ~30 s per pull on an idle subscription
+    p = runner.make_pipeline(args)
+    job = uuid.uuid4().hex
+    stream_graph(p, config, protocol, names, round_config, id_label=not direct, job=job)
+    print(f"streaming {protocol!r} from {config.subscription} (fingerprint "
+          f"{envelope.config_fingerprint(round_config)[:16]}…); windows of {config.windows.size:g} s",
+          flush=True)
+    result = p.run()
+    monitor = Monitor(result, config, job, direct)
+    previous = _install_sigint(monitor)
+    try:
+        reason = monitor.run()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+        result.cancel()
+        forget(job)
+    return {"stats": monitor.stats, "stop": reason, "mechanism": protocol,
+            "fingerprint": envelope.config_fingerprint(round_config)}

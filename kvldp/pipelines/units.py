@@ -1,0 +1,52 @@
+"""Durations, instants and Pub/Sub resource names on the command line."""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import re
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d)?\s*$")
+_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """``"90"``, ``"90s"``, ``"250ms"``, ``"5m"``, ``"1h"``, ``"1d"`` -> seconds (>= 0)."""
+    match = _DURATION.match(str(text))
+    if not match:
+        raise argparse.ArgumentTypeError(f"a duration is a number with an optional unit ms, s, m, h or d "
+                                         f"(e.g. 30s, 1h), got {text!r}")
+    return float(match.group(1)) * _SECONDS[match.group(2)]
+
+
+def parse_instant_ms(text: str) -> int:
+    """An instant as milliseconds since the epoch: ``now``, a whole number of
+    ms, or ISO-8601 (a time without an offset is UTC)."""
+    text = str(text).strip()
+    if text == "now":
+        return int(dt.datetime.now(dt.timezone.utc).timestamp() * 1000)
+    if text.isdigit():
+        return int(text)
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an instant is 'now', ms since the epoch or ISO-8601, got {text!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return int(when.timestamp() * 1000)
+
+
+_RESOURCE = re.compile(r"^projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/(topics|subscriptions)/"
+                       r"[A-Za-z][-A-Za-z0-9._~%+]{2,254}$")
+
+
+def pubsub_path(kind: str):
+    """An argparse ``type`` for a full Pub/Sub name, ``projects/P/topics/T``
+    or ``projects/P/subscriptions/S`` (``kind``: ``topics``/``subscriptions``)."""
+
+    def parse(text: str) -> str:
+        match = _RESOURCE.match(text)
+        if not match or match.group(1) != kind:
+            raise argparse.ArgumentTypeError(f"must be a full Pub/Sub name projects/PROJECT/{kind}/NAME, got {text!r}")
+        return text
+    parse.__name__ = kind
+    return parse

@@ -1,0 +1,306 @@
+"""Streaming collection: report messages (``schemas.envelope``) from Pub/Sub
+-> calibrated estimates per event-time window and pane.
+
+``messages -> CheckReports -> DeduplicateBatches -> WindowReports ->
+CalibratePanes -> panes``, each pane one ``Pane`` (the window, the pane's
+timing and index, the calibrated estimates) that the sinks write.
+
+Nothing is lost without a trace: every message read is either accepted, a
+duplicate (counted), or a dead letter with its reason (wrong
+fingerprint/round, undecodable, event time too far in the future, late).
+
+Lateness is judged against the collector's clock, per window a batch
+belongs to: a batch arriving more than ``allowed_lateness`` after a
+window's end is dead-lettered for that window (``WindowReports``). Beam's own
+allowed lateness is set to ``allowed_lateness + max_future``: the watermark
+never runs ahead of the clock by more than the future tolerance (later
+event times are refused), so Beam never silently drops a batch the gate
+let through. After a restart on a backlog older than ``allowed_lateness``
+the gate refuses batches Beam would still have accepted: raise
+``allowed_lateness`` for such a catch-up.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import json
+import time
+import typing
+
+import apache_beam as beam
+from apache_beam.coders import coders
+from apache_beam.transforms import trigger, window
+from apache_beam.transforms.deduplicate import DeduplicatePerKey
+from apache_beam.utils.timestamp import Duration, Timestamp
+from apache_beam.utils.windowed_value import PaneInfoTiming, WindowedValue
+
+from kvldp.schemas import envelope
+from kvldp.transforms.accumulate import Accumulate, Calibrate
+from kvldp.transforms.tally import JobCounter
+
+DEAD_LETTER = "dead_letter"
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowSpec:
+    """Event-time windows and their panes (durations in seconds).
+
+    ``size``: window length; ``every``: the slide of sliding windows
+    (``None``: fixed windows); ``early_every``: an early, accumulating pane
+    this long after the first batch of each pane (``None``: none; Beam's
+    processing-time trigger counts whole seconds, so it is rounded, >= 1);
+    ``allowed_lateness``: how long after its end a window takes late batches
+    (each in a LATE pane); ``max_future``: how far ahead of the collector's
+    clock an event time may be."""
+
+    size: float
+    every: float | None = None
+    early_every: float | None = None
+    allowed_lateness: float = 0.0
+    max_future: float = 300.0
+
+    def __post_init__(self):
+        if not self.size > 0:
+            raise ValueError(f"the window size must be > 0 s, got {self.size}")
+        if self.every is not None and not 0 < self.every <= self.size:
+            raise ValueError(f"--sliding-every must be in (0, window], got {self.every}")
+        if self.early_every is not None and not self.early_every > 0:
+            raise ValueError(f"--early-every must be > 0 s, got {self.early_every}")
+        if self.allowed_lateness < 0 or self.max_future < 0:
+            raise ValueError("--allowed-lateness and --max-future must be >= 0")
+
+    def windowfn(self) -> window.WindowFn:
+        if self.every is None:
+            return window.FixedWindows(self.size)
+        return window.SlidingWindows(self.size, self.every)
+
+    def trigger(self):
+        # Beam's AfterProcessingTime takes whole seconds
+        early = trigger.AfterProcessingTime(max(1, round(self.early_every))) if self.early_every else None
+        return trigger.AfterWatermark(early=early, late=trigger.AfterCount(1))
+
+    @property
+    def beam_lateness(self) -> float:
+        """Beam's allowed lateness: wide enough never to drop what the gate passes."""
+        return self.allowed_lateness + self.max_future + 1.0
+
+
+def dead_letter(reason: str, message, detail: str = "") -> dict:
+    """A dead letter: the reason, the message's attributes and body (base64;
+    the body is randomised reports, what the collector may see), so it can
+    be inspected and replayed."""
+    return {"reason": reason, "detail": detail, "attributes": dict(message.attributes or {}),
+            "data_base64": base64.b64encode(message.data or b"").decode("ascii"),
+            "processing_time_ms": int(time.time() * 1000)}
+
+
+class CheckMessageFn(beam.DoFn):
+    """``PubsubMessage -> (message id, Reports)``, or a dead letter: another
+    configuration (fingerprint), another round, an event time too far in
+    the future, or a body that does not decode as this round's reports."""
+
+    def __init__(self, protocol, round_index: int, config: dict, max_future: float, job: str):
+        self._protocol, self._round, self._config = protocol, round_index, dict(config)
+        self._fingerprint = envelope.config_fingerprint(config)
+        self._max_future_ms = int(max_future * 1000)
+        self._read, self._rejected = JobCounter(job, "messages_read"), JobCounter(job, "messages_rejected")
+        self._valid = JobCounter(job, "messages_valid")
+
+    def process(self, message):
+        self._read.inc()
+        attrs = message.attributes or {}
+        try:
+            reports, message_id = self._check(message, attrs)
+        except _Reject as err:
+            self._rejected.inc()
+            yield beam.pvalue.TaggedOutput(DEAD_LETTER, dead_letter(err.reason, message, err.detail))
+            return
+        self._valid.inc()
+        yield message_id, reports
+
+    def _check(self, message, attrs):
+        if attrs.get(envelope.FINGERPRINT) != self._fingerprint:
+            raise _Reject("config fingerprint", f"{attrs.get(envelope.FINGERPRINT)} is not this collector's "
+                                                f"{self._fingerprint} ({json.dumps(self._config, sort_keys=True)})")
+        try:
+            round_number, batch = int(attrs[envelope.ROUND]), int(attrs[envelope.BATCH])
+            event_ms = int(attrs[envelope.EVENT_MS])
+        except (KeyError, ValueError) as err:
+            raise _Reject("malformed attributes", f"{type(err).__name__}: {err}") from None
+        if round_number != self._round + 1:
+            raise _Reject("round", f"round {round_number}, but this collector collects round {self._round + 1}")
+        if event_ms > time.time() * 1000 + self._max_future_ms:
+            raise _Reject("future event time", f"event time {event_ms} ms is more than "
+                                                f"{self._max_future_ms} ms ahead of the collector's clock")
+        try:
+            container = envelope.ReportContainer(io.BytesIO(message.data))
+            container.check(self._config, self._protocol.round_report_type(self._round), "message body")
+            reports = self._protocol.reports_from_records(self._round, list(container))
+        except Exception as err:  # any undecodable body is a dead letter, never a crash in a worker
+            raise _Reject("undecodable body", f"{type(err).__name__}: {err}") from None
+        if reports.batch_id != batch:
+            reports = dataclasses.replace(reports, batch_id=batch)
+        return reports, envelope.message_id(self._fingerprint, round_number, batch)
+
+
+class _Reject(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(reason)
+        self.reason, self.detail = reason, detail
+
+
+class CheckReports(beam.PTransform):
+    """``PubsubMessage``s -> ``{"reports": (id, Reports), "dead_letter": dict}``."""
+
+    def __init__(self, protocol, round_index: int, config: dict, max_future: float, job: str,
+                 label: str | None = None):
+        super().__init__(label)
+        self._fn = CheckMessageFn(protocol, round_index, config, max_future, job)
+
+    def expand(self, messages):
+        out = messages | "Check" >> beam.ParDo(self._fn).with_outputs(DEAD_LETTER, main="reports")
+        return {"reports": out.reports, DEAD_LETTER: out[DEAD_LETTER]}
+
+
+class _CountFn(beam.DoFn):
+    def __init__(self, job: str, name: str):
+        self._counter = JobCounter(job, name)
+
+    def process(self, element):
+        self._counter.inc()
+        yield element
+
+
+class DeduplicateBatches(beam.PTransform):
+    """``(message id, Reports) -> Reports``, each id once within ``horizon``
+    seconds of processing time (Beam's ``DeduplicatePerKey``: a redelivered
+    batch is counted once on every runner, also where ``id_label`` is not
+    honoured). Counts the unique batches; duplicates = valid - unique."""
+
+    def __init__(self, horizon: float, job: str, label: str | None = None):
+        super().__init__(label)
+        self._horizon, self._job = horizon, job
+
+    def expand(self, keyed):
+        return (keyed
+                # a str key coder is deterministic, as the stateful dedupe needs
+                | "Typed" >> beam.Map(lambda kv: kv).with_output_types(tuple[str, typing.Any])
+                | "Dedupe" >> DeduplicatePerKey(processing_time_duration=Duration(seconds=self._horizon))
+                | "Unique" >> beam.ParDo(_CountFn(self._job, "batches_unique"))
+                | "Values" >> beam.Values())
+
+
+class KeepWindows(window.NonMergingWindowFn):
+    """A WindowFn that keeps the windows elements already carry (set by
+    ``LatenessGateFn``), so ``WindowInto`` only sets the trigger."""
+
+    def assign(self, context):
+        return [context.window]
+
+    def get_window_coder(self):
+        return coders.IntervalWindowCoder()
+
+
+class LatenessGateFn(beam.DoFn):
+    """``Reports`` (global window, event timestamp) -> the same in each of its
+    windows that is still open on the collector's clock (end +
+    ``allowed_lateness`` not passed); a batch with no open window is a dead
+    letter, and each window it misses is counted."""
+
+    def __init__(self, spec: WindowSpec, job: str):
+        self._spec, self._windowfn = spec, spec.windowfn()
+        self._accepted, self._reports = JobCounter(job, "batches_accepted"), JobCounter(job, "reports_accepted")
+        self._late, self._late_windows = JobCounter(job, "batches_late"), JobCounter(job, "late_window_assignments")
+
+    def process(self, reports, timestamp=beam.DoFn.TimestampParam):
+        windows = self._windowfn.assign(window.WindowFn.AssignContext(timestamp, reports))
+        now = Timestamp.of(time.time())
+        open_ = [w for w in windows if w.end + Duration(seconds=self._spec.allowed_lateness) >= now]
+        if len(open_) < len(windows):
+            self._late_windows.inc(len(windows) - len(open_))
+        if not open_:
+            self._late.inc()
+            ends = ", ".join(str(w.end) for w in windows)
+            yield beam.pvalue.TaggedOutput(DEAD_LETTER, {
+                "reason": "late", "detail": f"event time {timestamp}: its windows ended at {ends}, more than "
+                                            f"{self._spec.allowed_lateness:g} s before {now}",
+                "attributes": {envelope.BATCH: str(reports.batch_id)}, "data_base64": "",
+                "processing_time_ms": int(time.time() * 1000)})
+            return
+        self._accepted.inc()
+        self._reports.inc(reports.n_reports)
+        yield WindowedValue(reports, timestamp, open_)
+
+
+class WindowReports(beam.PTransform):
+    """``Reports`` -> ``{"reports": in their event-time windows with the
+    triggers of ``spec`` (accumulating panes), "dead_letter": late ones}``."""
+
+    def __init__(self, spec: WindowSpec, job: str, label: str | None = None):
+        super().__init__(label)
+        self._spec, self._job = spec, job
+
+    def expand(self, reports):
+        gated = reports | "LatenessGate" >> beam.ParDo(LatenessGateFn(self._spec, self._job)).with_outputs(
+            DEAD_LETTER, main="reports")
+        windowed = gated.reports | "Panes" >> beam.WindowInto(
+            KeepWindows(), trigger=self._spec.trigger(),
+            accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
+            allowed_lateness=Duration(seconds=self._spec.beam_lateness))
+        return {"reports": windowed, DEAD_LETTER: gated[DEAD_LETTER]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Pane:
+    """One firing of one window: its bounds (ms since the epoch), the pane's
+    timing (EARLY, ON_TIME, LATE), index and whether it is the window's
+    last, and the calibrated estimates of every report the window holds so
+    far (panes accumulate)."""
+
+    window_start_ms: int
+    window_end_ms: int
+    timing: str
+    index: int
+    is_last: bool
+    estimates: typing.Any
+
+    @property
+    def n_reports(self) -> int:
+        return int(self.estimates.n_reports)
+
+    @property
+    def name(self) -> str:
+        """``{start}-{end}-pane{index:03d}-{timing}`` (ms): one file per pane."""
+        return f"{self.window_start_ms}-{self.window_end_ms}-pane{self.index:03d}-{self.timing}"
+
+
+class _PaneFn(beam.DoFn):
+    def __init__(self, job: str):
+        self._panes, self._on_time = JobCounter(job, "panes_emitted"), JobCounter(job, "panes_on_time")
+        self._late = JobCounter(job, "panes_late")
+
+    def process(self, estimates, w=beam.DoFn.WindowParam, pane=beam.DoFn.PaneInfoParam):
+        timing = PaneInfoTiming.to_string(pane.timing)
+        self._panes.inc()
+        if pane.timing == PaneInfoTiming.ON_TIME:
+            self._on_time.inc()
+        elif pane.timing == PaneInfoTiming.LATE:
+            self._late.inc()
+        yield Pane(int(w.start.micros // 1000), int(w.end.micros // 1000), timing, int(pane.index),
+                   bool(pane.is_last), estimates)
+
+
+class CalibratePanes(beam.PTransform):
+    """Windowed ``Reports`` -> one ``Pane`` per window firing (the round's
+    counts, accumulated, calibrated with ``Calibrate`` from ``previous``)."""
+
+    def __init__(self, protocol, job: str, round_index: int = 0, previous=None, label: str | None = None):
+        super().__init__(label)
+        self._protocol, self._round, self._previous, self._job = protocol, round_index, previous, job
+
+    def expand(self, reports):
+        return (reports
+                | "Accumulate" >> Accumulate(self._protocol, self._round, windowed=True)
+                | "Calibrate" >> Calibrate(self._protocol, self._round, self._previous)
+                | "Pane" >> beam.ParDo(_PaneFn(self._job)))

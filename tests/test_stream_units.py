@@ -1,0 +1,147 @@
+"""The streaming pieces without a Pub/Sub server: the report envelope, the
+checks that refuse a message (each with its reason), the lateness gate,
+windows and pane records, and the command-line units."""
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import time
+
+import numpy as np
+import pytest
+from apache_beam.io.gcp.pubsub import PubsubMessage
+from apache_beam.transforms import window
+from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
+
+from kvldp.mechanisms import registry
+from kvldp.pipelines.units import parse_duration, parse_instant_ms, pubsub_path
+from kvldp.schemas import envelope
+from kvldp.transforms.stream_sinks import pane_bytes, pane_records
+from kvldp.transforms.streaming import DEAD_LETTER, CheckMessageFn, LatenessGateFn, Pane, WindowSpec
+
+MECH = registry.make("pckv-grr", 6, 2.0)
+CONFIG = dict(MECH.config())
+
+
+def _reports(seed: int = 1):
+    from kvldp.datasets import SyntheticDataset
+    data = SyntheticDataset("uu", n_users=50, d=6, seed=seed)
+    users = next(iter(data.batches(50)))
+    return MECH.perturb(users, np.random.default_rng(seed))
+
+
+def _message(reports, config=CONFIG, round_number=1, event_ms=None, **override):
+    attrs = envelope.message_attributes(config, 3, round_number,
+                                        int(time.time() * 1000) if event_ms is None else event_ms)
+    attrs.update(override)
+    return PubsubMessage(envelope.reports_bytes(reports, config), attrs)
+
+
+def _check(message):
+    fn = CheckMessageFn(MECH, 0, CONFIG, max_future=60.0, job="units")
+    return list(fn.process(message))
+
+
+def test_a_report_batch_survives_the_envelope():
+    reports = _reports()
+    body = envelope.reports_bytes(reports, CONFIG)
+    container = envelope.ReportContainer(io.BytesIO(body))
+    assert container.config == CONFIG and container.schema_name == "KeyValueReport"
+    assert MECH.reports_from_records(0, list(container)).equals(reports)
+    attrs = envelope.message_attributes(CONFIG, 7, 1, 123)
+    assert attrs[envelope.MESSAGE_ID] == envelope.message_id(envelope.config_fingerprint(CONFIG), 1, 7)
+    assert attrs[envelope.EVENT_MS] == "123" and attrs[envelope.BATCH] == "7"
+    other = dict(CONFIG, epsilon=3.0)
+    assert envelope.config_fingerprint(other) != envelope.config_fingerprint(CONFIG)
+
+
+def test_check_accepts_this_collections_batch_with_its_id():
+    reports = _reports()
+    [(ident, got)] = _check(_message(reports))
+    assert ident == envelope.message_id(envelope.config_fingerprint(CONFIG), 1, 3)
+    assert got.equals(reports) and got.batch_id == 3
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("other epsilon", "config fingerprint"),
+    ("round 2", "round"),
+    ("no batch attribute", "malformed attributes"),
+    ("an hour ahead", "future event time"),
+    ("garbage body", "undecodable body"),
+    ("body of another config", "undecodable body"),
+])
+def test_check_refuses_with_the_reason(case, reason):
+    reports = _reports()
+    message = {
+        "other epsilon": lambda: _message(reports, dict(CONFIG, epsilon=3.0)),
+        "round 2": lambda: _message(reports, round_number=2),
+        "no batch attribute": lambda: PubsubMessage(
+            envelope.reports_bytes(reports, CONFIG),
+            {k: v for k, v in _message(reports).attributes.items() if k != envelope.BATCH}),
+        "an hour ahead": lambda: _message(reports, event_ms=int((time.time() + 3600) * 1000)),
+        "garbage body": lambda: PubsubMessage(b"not avro", _message(reports).attributes),
+        "body of another config": lambda: PubsubMessage(envelope.reports_bytes(reports, dict(CONFIG, d=7)),
+                                                        _message(reports).attributes),
+    }[case]()
+    [out] = _check(message)
+    assert out.tag == DEAD_LETTER and out.value["reason"] == reason
+    assert out.value["attributes"] == dict(message.attributes)       # enough to find and replay it
+
+
+def test_lateness_gate_keeps_open_windows_only():
+    """Fixed windows: in or out whole. Sliding windows: the element keeps
+    the windows still open and is dead-lettered only when none is."""
+    now = time.time()
+    fixed = LatenessGateFn(WindowSpec(size=10, allowed_lateness=5), job="units")
+    reports = _reports()
+    [kept] = list(fixed.process(reports, Timestamp.of(now - 3)))
+    assert isinstance(kept, WindowedValue) and len(kept.windows) == 1
+    [late] = list(fixed.process(reports, Timestamp.of(now - 30)))
+    assert late.tag == DEAD_LETTER and late.value["reason"] == "late"
+    sliding = LatenessGateFn(WindowSpec(size=10, every=5, allowed_lateness=0), job="units")
+    boundary = 5 * math.floor(now / 5)           # the slide boundary just passed: one window ended there
+    [part] = list(sliding.process(reports, Timestamp.of(boundary - 4)))
+    ends = [w.end for w in part.windows]
+    assert ends == [Timestamp.of(boundary + 5)]                    # the window that ended is dropped
+
+
+def test_window_spec_checks_and_builds_windows():
+    assert isinstance(WindowSpec(60).windowfn(), window.FixedWindows)
+    assert isinstance(WindowSpec(60, every=15).windowfn(), window.SlidingWindows)
+    for bad in (dict(size=0), dict(size=10, every=20), dict(size=10, early_every=0),
+                dict(size=10, allowed_lateness=-1)):
+        with pytest.raises(ValueError):
+            WindowSpec(**bad)
+    assert WindowSpec(10, allowed_lateness=30, max_future=60).beam_lateness > 90
+
+
+def test_pane_records_carry_the_window_and_match_the_schema():
+    counts = MECH.accumulate(MECH.new_counts(), _reports())
+    est = MECH.estimate(counts)
+    pane = Pane(1_000, 61_000, "ON_TIME", 2, False, est)
+    records = pane_records(pane, [f"k{i}" for i in range(6)])
+    assert len(records) == 6 and records[0]["window_start"] == 1_000 and records[0]["pane_timing"] == "ON_TIME"
+    assert records[0]["n_reports"] == 50
+    import fastavro
+    back = list(fastavro.reader(io.BytesIO(pane_bytes(records, "avro"))))     # timestamp-millis -> datetime
+    assert [r["window_start"].timestamp() * 1000 for r in back] == [1_000] * 6
+    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("window_")} for r in rs]  # noqa: E731
+    assert strip(back) == strip(records)
+    assert pane.name == "1000-61000-pane002-ON_TIME"
+
+
+def test_units_on_the_command_line():
+    assert parse_duration("90") == 90 and parse_duration("250ms") == 0.25 and parse_duration("1h") == 3600
+    assert parse_duration("1.5m") == 90
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_duration("soon")
+    assert parse_instant_ms("1700000000000") == 1_700_000_000_000
+    assert parse_instant_ms("2023-11-14T22:13:20Z") == 1_700_000_000_000
+    assert abs(parse_instant_ms("now") - time.time() * 1000) < 5_000
+    check = pubsub_path("topics")
+    assert check("projects/my-proj/topics/reports") == "projects/my-proj/topics/reports"
+    for bad in ("reports", "projects/my-proj/subscriptions/reports", "projects/x/topics/reports"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            check(bad)
