@@ -19,7 +19,15 @@ from kvldp.mechanisms import registry
 from kvldp.pipelines.units import parse_duration, parse_instant_ms, pubsub_path
 from kvldp.schemas import envelope
 from kvldp.transforms.stream_sinks import pane_bytes, pane_records
-from kvldp.transforms.streaming import DEAD_LETTER, CheckMessageFn, LatenessGateFn, Pane, WindowSpec
+from kvldp.transforms.streaming import (
+    DEAD_LETTER,
+    CheckMessageFn,
+    LatenessGateFn,
+    Pane,
+    RoundBatch,
+    WindowSpec,
+    expected_rounds,
+)
 
 MECH = registry.make("pckv-grr", 6, 2.0)
 CONFIG = dict(MECH.config())
@@ -40,7 +48,7 @@ def _message(reports, config=CONFIG, round_number=1, event_ms=None, **override):
 
 
 def _check(message):
-    fn = CheckMessageFn(MECH, 0, CONFIG, max_future=60.0, job="units")
+    fn = CheckMessageFn(MECH, expected_rounds(MECH, [CONFIG]), max_future=60.0, job="units")
     return list(fn.process(message))
 
 
@@ -61,7 +69,7 @@ def test_check_accepts_this_collections_batch_with_its_id():
     reports = _reports()
     [(ident, got)] = _check(_message(reports))
     assert ident == envelope.message_id(envelope.config_fingerprint(CONFIG), 1, 3)
-    assert got.equals(reports) and got.batch_id == 3
+    assert got.reports.equals(reports) and got.reports.batch_id == 3 and got.round_index == 0
 
 
 @pytest.mark.parametrize("case, reason", [
@@ -95,7 +103,7 @@ def test_lateness_gate_keeps_open_windows_only():
     the windows still open and is dead-lettered only when none is."""
     now = time.time()
     fixed = LatenessGateFn(WindowSpec(size=10, allowed_lateness=5), job="units")
-    reports = _reports()
+    reports = RoundBatch(0, "", "", _reports())
     [kept] = list(fixed.process(reports, Timestamp.of(now - 3)))
     assert isinstance(kept, WindowedValue) and len(kept.windows) == 1
     [late] = list(fixed.process(reports, Timestamp.of(now - 30)))

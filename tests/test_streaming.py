@@ -119,15 +119,24 @@ def test_each_window_equals_collect_over_its_reports(pubsub, tmp_path, mechanism
     publish.publish_report_files([files[i] for i in again], topic, [times[i] for i in again])
     other = perturb(tmp_path, "other", mechanism, 3.0, users=100, batch=100)
     publish.publish_report_files(other, topic, [start])
+    out_topic, out_sub = pubsub.topic_and_subscription("panes")
+    dead_topic, dead_sub = pubsub.topic_and_subscription("dead")
 
     result = run_stream(stream_argv(mechanism, eps, sub, tmp_path, size, "--early-every", "1s",
-                                    "--stop-after-windows", "3", "--max-runtime", "120s"))
+                                    "--stop-after-windows", "3", "--max-runtime", "120s",
+                                    "--output-topic", out_topic, "--dead-letter-topic", dead_topic))
     stats = result["stats"]
     assert stats["messages_read"] == 210 + 21 + 1
     assert stats["messages_rejected"] == 1 and stats["messages_valid"] - stats["batches_unique"] == 21
     assert stats["batches_accepted"] == 210 and stats.get("batches_late", 0) == 0
     [letter] = dead_letters(tmp_path)
     assert letter["reason"] == "config fingerprint" and "epsilon" in letter["detail"]
+    [dead] = pubsub.drain(dead_sub)                   # the refused message itself, with the reason
+    assert dead.attributes["kvldp_dead_reason"] == "config fingerprint"
+    assert dead.data == Path(other[0][1]).read_bytes()
+    published_panes = pubsub.drain(out_sub)
+    assert len(published_panes) == len(glob.glob(str(tmp_path / "panes" / "*.jsonl")))
+    assert {m.attributes["pane_timing"] for m in published_panes} >= {"ON_TIME"}
 
     windows = panes(tmp_path)
     assert len(windows) == 3
@@ -252,3 +261,67 @@ def test_the_direct_runners_streaming_metrics_are_still_stale(pubsub):  # noqa: 
     finally:
         result.cancel()
         forget("upstream-check")
+
+
+@pytest.mark.parametrize("mechanism, options", [("privkvm", ["--rounds", "3"]), ("ks-grr", ["--top", "3"])])
+def test_a_multi_round_protocol_runs_one_round_per_window(pubsub, tmp_path, mechanism, options):  # noqa: F811
+    """PrivKVM with 3 rounds, KS-GRR's 2: round r's reports fill one window; its on-time
+    pane finalises the round and publishes the broadcast that the devices of
+    round r+1 perturb with (their messages cite its id); the ledger adds up
+    to epsilon; and every round's estimates equal the split deployment's
+    ``kvldp collect --round r --broadcast`` over the same reports."""
+    eps, size, cid = 2.0, 4.0, "0123456789abcdef0123456789abcdef"
+    topic, sub = pubsub.topic_and_subscription("rounds")
+    b_topic, b_sub = pubsub.topic_and_subscription("broadcasts")
+    common = ["--mechanism", mechanism, "--epsilon", str(eps), "--keys", str(D), *options]
+    publisher: dict = {}
+    first = window_start_ms(lead_s=8.0, size_s=size) + 100        # round 1: a window the stream sees open
+
+    def devices():
+        _, config, beam_args = cli.configure([
+            "publish", *common, "--users", "3000", "--batch-size", "300", "--seed", "5", "--dataset",
+            "synthetic-gg", "--collection-id", cid, "--output", str(tmp_path / "dev" / "R.avro"), "--topic", topic,
+            "--event-time", str(first), "--broadcast-subscription", b_sub, "--broadcast-timeout", "60s"])
+        publisher.update(publish.run(config, beam_args))
+
+    thread = threading.Thread(target=devices)
+    thread.start()
+    result = run_stream(["stream", *common, "--subscription", sub, "--collection-id", cid, "--window", f"{size:g}s",
+                         "--output-dir", str(tmp_path / "panes"), "--dead-letter-dir", str(tmp_path / "dead"),
+                         "--broadcast-topic", b_topic, "--progress-every", "2s", "--max-runtime", "150s"])
+    thread.join(timeout=60)
+    protocol = result["mechanism"]
+    rounds = list(range(1, protocol.max_rounds + 1))
+    assert not thread.is_alive() and len(publisher["rounds"]) == len(rounds)
+    assert result["stop"] == f"the protocol ended after round {rounds[-1]}", result["stop"]
+    stats = result["stats"]
+    assert stats["rounds_finalized"] == len(rounds) and stats.get("batches_refused", 0) == 0
+    assert not dead_letters(tmp_path)
+
+    summaries = [json.loads((tmp_path / "panes" / f"round-{r:02d}.json").read_text()) for r in rounds]
+    assert [s["window_start_ms"] for s in summaries] == sorted({s["window_start_ms"] for s in summaries})
+    spent = [s["epsilon_spent"] for s in summaries]
+    assert spent == sorted(spent) and spent[-1] == pytest.approx(eps) and summaries[-1]["stopped"]
+    assert spent[-1] == pytest.approx(protocol.ledger.spent())      # per device, its group's shares
+    assert summaries[-1]["ledger"] == protocol.ledger.rows()
+    for r in rounds[1:]:                     # round r was perturbed with round r-1's broadcast
+        cited = {a[envelope.BROADCAST] for a in publisher["rounds"][r - 1]["sent"]}
+        assert cited == {summaries[r - 2]["broadcast_id"]}
+
+    by_round = {}
+    for ps in panes(tmp_path).values():
+        on_time = [p for p in ps if p[0]["pane_timing"] == "ON_TIME"]
+        assert len(on_time) == 1
+        by_round[on_time[0][0]["round"]] = on_time[0]
+    assert sorted(by_round) == rounds
+    for r in rounds:
+        files = publisher["rounds"][r - 1]["files"]
+        directory = tmp_path / f"split-r{r}"
+        directory.mkdir()
+        for _, path in files:
+            shutil.copy(path, directory)
+        est = tmp_path / f"split-r{r}.jsonl"
+        extra = [] if r == 1 else ["--broadcast", str(tmp_path / "panes" / f"round-{r - 1:02d}.broadcast.avro")]
+        assert cli.main(["collect", *common, "--round", str(r), *extra, "--keys", str(D),
+                         "--input", str(directory / "R*.avro"), "--output", str(est)]) == 0
+        assert_same_estimates(by_round[r], {x["key"]: x for x in read_estimates(str(est))})

@@ -4,6 +4,13 @@ each report batch as one Pub/Sub message (``schemas.envelope``: the Avro
 container as body; fingerprint, batch, round, event time and message id as
 attributes), paced by ``--rate`` and with event times spread over
 ``--event-time-spread``, as devices reporting over time would.
+
+A multi-round protocol runs its rounds against ``kvldp stream``: after
+round r the devices wait for the broadcast the collector publishes when
+round r's window closes (``--broadcast-subscription``), perturb round r+1
+with it (``perturb --round r+1 --broadcast``: same checks of the collection
+and layout) and publish it with the broadcast's id, event times from the
+moment they received it.
 """
 from __future__ import annotations
 
@@ -12,14 +19,14 @@ import dataclasses
 import io
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Sequence
 
+import fastavro
 from apache_beam.io.filesystems import FileSystems
 
 from kvldp.pipelines import runner, split
-from kvldp.pipelines.pubsub_admin import ensure_topic
+from kvldp.pipelines.pubsub_admin import ensure_subscription, ensure_topic
 from kvldp.pipelines.split import PerturbConfig
 from kvldp.pipelines.units import parse_duration, parse_instant_ms, pubsub_path
 from kvldp.schemas import envelope
@@ -36,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser):
                      help="event time of the first batch: now, ms since the epoch or ISO-8601 (default now)")
     pub.add_argument("--event-time-spread", type=parse_duration, default=0.0,
                      help="spread the batches' event times evenly over this period, e.g. 3m (default 0)")
+    rounds = parser.add_argument_group("multi-round protocols against kvldp stream")
+    rounds.add_argument("--broadcast-subscription", type=pubsub_path("subscriptions"), default=None,
+                        help="where the collector's broadcasts arrive (stream --broadcast-topic)")
+    rounds.add_argument("--broadcast-topic", type=pubsub_path("topics"), default=None,
+                        help="create --broadcast-subscription on this topic before round 1 if missing")
+    rounds.add_argument("--broadcast-timeout", type=parse_duration, default=600.0,
+                        help="how long to wait for a round's broadcast (default 10m)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +65,9 @@ class PublishConfig:
     event_time_ms: int | None = None
     event_time_spread: float = 0.0
     create_topic: bool = False
+    broadcast_subscription: str | None = None
+    broadcast_topic: str | None = None
+    broadcast_timeout: float = 600.0
 
     def __post_init__(self):
         if self.rate is not None and not self.rate > 0:
@@ -61,7 +78,7 @@ class PublishConfig:
     @classmethod
     def from_args(cls, args) -> PublishConfig:
         return cls(PerturbConfig.from_args(args), args.topic, args.rate, args.event_time, args.event_time_spread,
-                   args.create_topic)
+                   args.create_topic, args.broadcast_subscription, args.broadcast_topic, args.broadcast_timeout)
 
 
 _BATCH_FILE = re.compile(r"-(\d+)\.avro$")
@@ -85,8 +102,10 @@ def spread_event_times(n: int, start_ms: int, spread_s: float) -> list[int]:
 
 def publish_report_files(files: Sequence[tuple[int, str]], topic: str, event_ms: Sequence[int],
                          round_number: int = 1, rate: float | None = None, publisher=None,
-                         on_publish: Callable[[int, dict], None] | None = None) -> list[dict]:
-    """Publish each report file as one message; return the attributes sent.
+                         on_publish: Callable[[int, dict], None] | None = None,
+                         broadcast: str | None = None) -> list[dict]:
+    """Publish each report file as one message; return the attributes sent
+    (``broadcast``: the id of the broadcast the reports were perturbed with).
 
     The message id attribute depends only on the configuration, round and
     batch, so publishing a file twice is a redelivery the collector
@@ -105,7 +124,7 @@ def publish_report_files(files: Sequence[tuple[int, str]], topic: str, event_ms:
         config = envelope.ReportContainer(io.BytesIO(body)).config
         if config is None:
             raise ValueError(f"{path} carries no configuration (not written by kvldp perturb?)")
-        attributes = envelope.message_attributes(config, batch, round_number, when)
+        attributes = envelope.message_attributes(config, batch, round_number, when, broadcast)
         futures.append(publisher.publish(topic, body, **attributes))
         sent.append(attributes)
         if on_publish is not None:
@@ -115,24 +134,94 @@ def publish_report_files(files: Sequence[tuple[int, str]], topic: str, event_ms:
     return sent
 
 
-def run(config: PublishConfig, beam_args) -> dict:
-    perturb = config.perturb
-    if config.create_topic and ensure_topic(config.topic):
-        print(f"created topic {config.topic}")
-    if not perturb.output:
-        directory = os.path.dirname(runner.scratch_path(beam_args, "x"))
-        perturb = dataclasses.replace(perturb, output=os.path.join(directory, "REPORTS.avro"))
+def wait_for_broadcast(subscription: str, round_number: int, timeout: float, subscriber=None):
+    """The broadcast after round ``round_number`` from ``subscription``:
+    ``(body, attributes)``. Older rounds' broadcasts are acknowledged and
+    skipped; a newer one, or none within ``timeout`` seconds, is an error."""
+    from google.cloud import pubsub_v1
+    subscriber = subscriber or pubsub_v1.SubscriberClient()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        response = subscriber.pull(subscription=subscription, max_messages=10, timeout=5)
+        if not response.received_messages:
+            time.sleep(0.2)
+            continue
+        subscriber.acknowledge(subscription=subscription, ack_ids=[m.ack_id for m in response.received_messages])
+        for received in response.received_messages:
+            attrs = dict(received.message.attributes)
+            found = int(attrs.get(envelope.ROUND, 0))
+            if found == round_number:
+                return received.message.data, attrs
+            if found > round_number:
+                raise ValueError(f"{subscription} delivered the broadcast of round {found} while waiting for "
+                                 f"round {round_number}'s: the devices missed a round")
+    raise ValueError(f"no broadcast of round {round_number} on {subscription} within {timeout:g} s "
+                     "(is kvldp stream running with --broadcast-topic, and has round's window closed?)")
+
+
+def _publish_round(config: PublishConfig, perturb: PerturbConfig, beam_args, broadcast: str | None = None,
+                   window_ms: int | None = None) -> dict:
+    """Perturb one round and publish it. Event times: round 1 from
+    ``--event-time`` (default: when published); later rounds from when they
+    are published, kept inside one of the collector's windows
+    (``envelope.next_round_event_ms``)."""
     done = split.run_perturb(perturb, beam_args)
     files = report_files(perturb.prefix)
     if not files:
         raise ValueError(f"perturb wrote no report files under {perturb.prefix}")
-    start_ms = config.event_time_ms if config.event_time_ms is not None else int(time.time() * 1000)
+    now = int(time.time() * 1000)
+    if window_ms is not None:
+        start_ms = envelope.next_round_event_ms(now, window_ms)
+    else:
+        start_ms = config.event_time_ms if config.event_time_ms is not None else now
     times = spread_event_times(len(files), start_ms, config.event_time_spread)
     began = time.perf_counter()
-    sent = publish_report_files(files, config.topic, times, perturb.round, config.rate)
+    sent = publish_report_files(files, config.topic, times, perturb.round, config.rate, broadcast=broadcast)
     seconds = time.perf_counter() - began
     users = done["stats"].get("reports_written", 0)
-    print(f"published {len(sent)} report batches ({users} users) of {done['mechanism']!r} to {config.topic} "
-          f"in {seconds:.1f} s; event times {times[0]} … {times[-1]} ms; fingerprint "
-          f"{sent[0][envelope.FINGERPRINT][:16]}…", file=sys.stdout)
-    return {"sent": sent, "files": files, "event_ms": times, "mechanism": done["mechanism"], "seconds": seconds}
+    label = f" round {perturb.round}" if done["mechanism"].max_rounds > 1 else ""
+    print(f"published {len(sent)} report batches{label} ({users} users) of {done['mechanism']!r} to "
+          f"{config.topic} in {seconds:.1f} s; event times {times[0]} … {times[-1]} ms; fingerprint "
+          f"{sent[0][envelope.FINGERPRINT][:16]}…", flush=True)
+    return {**done, "sent": sent, "files": files, "event_ms": times, "seconds": seconds}
+
+
+def run(config: PublishConfig, beam_args) -> dict:
+    perturb = config.perturb
+    rounds = perturb.mechanism.make(2).max_rounds
+    if rounds > 1 and not config.broadcast_subscription:
+        raise ValueError(f"{perturb.mechanism.name} runs {rounds} rounds: give --broadcast-subscription (where "
+                         "kvldp stream --broadcast-topic publishes each round's broadcast)")
+    if config.create_topic and ensure_topic(config.topic):
+        print(f"created topic {config.topic}")
+    if config.broadcast_topic and ensure_subscription(config.broadcast_subscription, config.broadcast_topic):
+        print(f"created subscription {config.broadcast_subscription} on {config.broadcast_topic}")
+    if not perturb.output:
+        directory = os.path.dirname(runner.scratch_path(beam_args, "x"))
+        perturb = dataclasses.replace(perturb, output=os.path.join(directory, "REPORTS.avro"))
+    first = _publish_round(config, perturb, beam_args)
+    out = {**first, "rounds": [first]}
+    if rounds == 1:
+        return out
+    cid = first["collection"].id
+    print(f"collection id {cid} (kvldp stream --collection-id {cid})", flush=True)
+    base = perturb.output[:-len(".avro")] if perturb.output.endswith(".avro") else perturb.output
+    for r in range(2, rounds + 1):
+        body, attrs = wait_for_broadcast(config.broadcast_subscription, r - 1, config.broadcast_timeout)
+        path = f"{base}.round{r - 1}.broadcast.avro"
+        with FileSystems.create(path) as fh:
+            fh.write(body)
+        if attrs.get("kvldp_stopped") == "true":
+            print(f"the collector's broadcast after round {r - 1} says the protocol has ended")
+            break
+        claimed = attrs.get(envelope.BROADCAST)
+        if envelope.broadcast_id(fastavro_records(body)) != claimed:
+            raise ValueError(f"the broadcast of round {r - 1} does not match its id {claimed}")
+        this = dataclasses.replace(perturb, round=r, broadcast=path, collection_id=cid,
+                                   output=f"{base}.round{r}.avro")
+        out["rounds"].append(_publish_round(config, this, beam_args, claimed, window_ms=int(attrs[envelope.WINDOW_MS])))
+    return out
+
+
+def fastavro_records(body: bytes) -> list[dict]:
+    return list(fastavro.reader(io.BytesIO(body)))

@@ -205,7 +205,7 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
         cid = state.collection.id
         print(f"collection id {cid} (later rounds read it from the broadcast; pass "
               f"--collection-id {cid} to make them refuse a broadcast that changes it)")
-    return {"prefix": prefix, "stats": stats, "mechanism": mechanism}
+    return {"prefix": prefix, "stats": stats, "mechanism": mechanism, "collection": state.collection}
 
 
 def add_collect_arguments(parser: argparse.ArgumentParser):

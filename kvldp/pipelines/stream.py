@@ -26,18 +26,23 @@ import uuid
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+from kvldp.mechanisms.protocol import Collection
 from kvldp.pipelines import mechanism_args, runner, sources, split
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.pubsub_admin import ensure_subscription
 from kvldp.pipelines.units import parse_duration, pubsub_path
 from kvldp.schemas import envelope
 from kvldp.transforms.direct_pubsub import responsive_pulls
+from kvldp.transforms.stream_rounds import ROUNDS, ChainRounds
 from kvldp.transforms.stream_sinks import (
     PANE_FORMATS,
-    PublishDeadLetters,
-    PublishPanes,
+    Publish,
     WriteDeadLetters,
     WritePanes,
+    WriteRounds,
+    broadcast_message,
+    dead_letter_message,
+    pane_message,
 )
 from kvldp.transforms.streaming import (
     DEAD_LETTER,
@@ -46,6 +51,7 @@ from kvldp.transforms.streaming import (
     DeduplicateBatches,
     WindowReports,
     WindowSpec,
+    expected_rounds,
 )
 from kvldp.transforms.tally import forget, tally
 
@@ -59,6 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--subscribe-to", type=pubsub_path("topics"), default=None,
                         help="create --subscription on this topic (and the topic) if they do not exist")
     parser.add_argument("--key-dictionary", default=None, help="REPORTS.keys.txt (the public key dictionary)")
+    parser.add_argument("--collection-id", type=split.collection_id, default=None,
+                        help="multi-round protocols: the collection's id (printed by publish/perturb round 1)")
     parser.add_argument("--keys", type=sources.positive_int, default=None, help="d, when keys are unnamed 0 … d-1")
     win = parser.add_argument_group("windows and panes")
     win.add_argument("--window", type=parse_duration, required=True, help="event-time window length, e.g. 1h")
@@ -78,6 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser):
     out.add_argument("--output-format", choices=PANE_FORMATS, default="jsonl")
     out.add_argument("--output-topic", type=pubsub_path("topics"), default=None,
                      help="one Avro message per pane (windowed_estimate.avsc)")
+    out.add_argument("--broadcast-topic", type=pubsub_path("topics"), default=None,
+                     help="multi-round protocols: each finalised round's broadcast (broadcast.avsc) for the devices")
     out.add_argument("--dead-letter-dir", default=None, help="one JSON file per refused message")
     out.add_argument("--dead-letter-topic", type=pubsub_path("topics"), default=None,
                      help="refused messages, unchanged, with kvldp_dead_reason/_detail attributes")
@@ -111,6 +121,8 @@ class StreamConfig:
     progress_every: float = 10.0
     drain_timeout: float = 60.0
     subscribe_to: str | None = None
+    collection_id: str | None = None
+    broadcast_topic: str | None = None
 
     def __post_init__(self):
         if not self.key_dictionary and not self.keys:
@@ -128,31 +140,53 @@ class StreamConfig:
         return cls(MechanismConfig.from_args(args), args.subscription, spec, args.key_dictionary, args.keys,
                    args.dedupe_horizon, args.output_dir, args.output_format, args.output_topic,
                    args.dead_letter_dir, args.dead_letter_topic, args.max_runtime, args.stop_after_windows,
-                   args.progress_every, args.drain_timeout, args.subscribe_to)
+                   args.progress_every, args.drain_timeout, args.subscribe_to, args.collection_id,
+                   args.broadcast_topic)
 
 
-def stream_graph(p: beam.Pipeline, config: StreamConfig, protocol, key_names, round_config: dict,
-                 id_label: bool, job: str):
+def round_configs(protocol, collection_id: str | None) -> list[dict]:
+    """What each round's reports are pinned to (``split.round_config``; a
+    multi-round protocol's collection by id, its layout learnt from round 1)."""
+    if protocol.max_rounds == 1:
+        return [split.round_config(protocol, 0, None)]
+    collection = Collection(collection_id)
+    return [split.round_config(protocol, r, collection) for r in range(protocol.max_rounds)]
+
+
+def stream_graph(p: beam.Pipeline, config: StreamConfig, protocol, key_names, id_label: bool, job: str):
     """``subscription -> panes`` with the sinks attached; returns the panes
     (``job``: the key of the job's in-process counters, ``transforms.tally``)."""
+    configs = round_configs(protocol, config.collection_id)
     messages = p | "Read" >> beam.io.ReadFromPubSub(
         subscription=config.subscription, with_attributes=True, timestamp_attribute=envelope.EVENT_MS,
         id_label=envelope.MESSAGE_ID if id_label else None)
-    checked = messages | "CheckReports" >> CheckReports(protocol, 0, round_config, config.windows.max_future, job)
+    checked = messages | "CheckReports" >> CheckReports(
+        protocol, expected_rounds(protocol, configs), config.windows.max_future, job)
     unique = checked["reports"] | "DeduplicateBatches" >> DeduplicateBatches(config.dedupe_horizon, job)
     windowed = unique | "Windows" >> WindowReports(config.windows, job)
-    panes = windowed["reports"] | "CalibratePanes" >> CalibratePanes(protocol, job)
+    dead = [checked[DEAD_LETTER], windowed[DEAD_LETTER]]
+    if protocol.max_rounds == 1:
+        panes = windowed["reports"] | "CalibratePanes" >> CalibratePanes(protocol, job)
+    else:
+        chained = windowed["reports"] | "ChainRounds" >> ChainRounds(protocol, config.collection_id, key_names,
+                                                                     job)
+        panes = chained["panes"]
+        dead.append(chained[DEAD_LETTER])
+        if config.output_dir:
+            chained[ROUNDS] | "WriteRounds" >> WriteRounds(config.output_dir, protocol, job)
+        if config.broadcast_topic:
+            chained[ROUNDS] | "PublishBroadcasts" >> Publish(config.broadcast_topic, broadcast_message)
     keys = protocol.estimate_keys
     if config.output_dir:
         panes | "WritePanes" >> WritePanes(config.output_dir, key_names, job, keys, config.output_format)
     if config.output_topic:
-        panes | "PublishPanes" >> PublishPanes(config.output_topic, key_names, keys,
-                                               envelope.config_fingerprint(round_config))
-    letters = (checked[DEAD_LETTER], windowed[DEAD_LETTER]) | "DeadLetters" >> beam.Flatten()
+        panes | "PublishPanes" >> Publish(config.output_topic, pane_message, list(key_names), keys,
+                                          envelope.config_fingerprint(configs[0]))
+    letters = tuple(dead) | "DeadLetters" >> beam.Flatten()
     if config.dead_letter_dir:
         letters | "WriteDeadLetters" >> WriteDeadLetters(config.dead_letter_dir)
     if config.dead_letter_topic:
-        letters | "PublishDeadLetters" >> PublishDeadLetters(config.dead_letter_topic)
+        letters | "PublishDeadLetters" >> Publish(config.dead_letter_topic, dead_letter_message)
     return panes
 
 
@@ -197,7 +231,8 @@ class Monitor:
     def _written_all(self, s: dict) -> bool:
         if not self._config.output_dir:
             return True
-        return s.get("pane_files_written", 0) >= s.get("panes_emitted", 0)
+        return (s.get("pane_files_written", 0) >= s.get("panes_emitted", 0)
+                and s.get("round_files_written", 0) >= s.get("rounds_finalized", 0))
 
     def _drained(self, s: dict) -> bool:
         """Nothing read for a second, and a pane (written) emitted at a poll
@@ -220,6 +255,8 @@ class Monitor:
             windows = self._config.stop_after_windows
             if windows is not None and s.get("panes_on_time", 0) >= windows and self._written_all(s):
                 self.request_stop(f"{windows} windows had their on-time pane")
+            if s.get("protocol_stopped", 0) and self._written_all(s):
+                self.request_stop(f"the protocol ended after round {s.get('rounds_finalized', 0)}")
         deadline, drained = time.monotonic() + self._config.drain_timeout, False
         while not drained and time.monotonic() < deadline:
             drained = self._drained(self._poll())
@@ -244,9 +281,15 @@ def run(config: StreamConfig, beam_args) -> dict:
     protocol = config.mechanism.make(len(names), ioh_keys=(
         mechanism_args.named_keys(config.mechanism.ioh_keys, names) if config.mechanism.ioh_keys else None))
     if protocol.max_rounds > 1:
-        raise ValueError(f"{protocol.name} runs several rounds; kvldp stream collects single-round mechanisms "
-                         "(multi-round protocols: the split deployment, perturb/collect per round)")
-    round_config = split.round_config(protocol, 0, None)
+        if not config.collection_id:
+            raise ValueError(f"{protocol.name} runs several rounds: name the collection with --collection-id "
+                             "(publish prints it; give publish the same --collection-id)")
+        if config.windows.allowed_lateness > 0:
+            raise ValueError("a multi-round stream takes no --allowed-lateness: a round's broadcast is "
+                             "final at its window's on-time pane")
+        if config.windows.every is not None:
+            raise ValueError("a multi-round stream runs one round per fixed window: no --sliding-every")
+    first = round_configs(protocol, config.collection_id)[0]
     if config.subscribe_to and ensure_subscription(config.subscription, config.subscribe_to):
         print(f"created subscription {config.subscription} on {config.subscribe_to}")
     args = list(beam_args) + ([] if "--streaming" in beam_args else ["--streaming"])
@@ -256,9 +299,9 @@ def run(config: StreamConfig, beam_args) -> dict:
         responsive_pulls()           # Beam's DirectRunner stalls ~30 s per pull on an idle subscription
     p = runner.make_pipeline(args)
     job = uuid.uuid4().hex
-    stream_graph(p, config, protocol, names, round_config, id_label=not direct, job=job)
+    stream_graph(p, config, protocol, names, id_label=not direct, job=job)
     print(f"streaming {protocol!r} from {config.subscription} (fingerprint "
-          f"{envelope.config_fingerprint(round_config)[:16]}…); windows of {config.windows.size:g} s",
+          f"{envelope.config_fingerprint(first)[:16]}…); windows of {config.windows.size:g} s",
           flush=True)
     result = p.run()
     monitor = Monitor(result, config, job, direct)
@@ -271,4 +314,4 @@ def run(config: StreamConfig, beam_args) -> dict:
         result.cancel()
         forget(job)
     return {"stats": monitor.stats, "stop": reason, "mechanism": protocol,
-            "fingerprint": envelope.config_fingerprint(round_config)}
+            "fingerprint": envelope.config_fingerprint(first)}

@@ -31,7 +31,7 @@ def pane_records(pane, key_names: Sequence[str], keys: Sequence[int] | None = No
     dictionary entries estimated; all by default)."""
     keys = list(range(len(key_names))) if keys is None else list(keys)
     head = {"window_start": pane.window_start_ms, "window_end": pane.window_end_ms, "pane_timing": pane.timing,
-            "pane_index": pane.index, "pane_is_last": pane.is_last}
+            "pane_index": pane.index, "pane_is_last": pane.is_last, "round": pane.round}
     return [{**head, **r} for r in estimate_records(pane.estimates, [key_names[k] for k in keys])]
 
 
@@ -79,16 +79,18 @@ def pane_message(pane, key_names, keys, fingerprint: str):
     return PubsubMessage(pane_bytes(pane_records(pane, key_names, keys), "avro"), attributes)
 
 
-class PublishPanes(beam.PTransform):
-    """Panes -> one message per pane on ``topic`` (``projects/P/topics/T``)."""
+class Publish(beam.PTransform):
+    """Elements -> one message each on ``topic`` (``projects/P/topics/T``),
+    made by ``to_message(element, *args)``: ``pane_message``,
+    ``dead_letter_message`` or ``broadcast_message``."""
 
-    def __init__(self, topic: str, key_names, keys, fingerprint: str, label: str | None = None):
+    def __init__(self, topic: str, to_message, *args, label: str | None = None):
         super().__init__(label)
-        self._topic, self._names, self._keys, self._fingerprint = topic, list(key_names), keys, fingerprint
+        self._topic, self._to_message, self._args = topic, to_message, args
 
-    def expand(self, panes):
-        return (panes
-                | "ToMessage" >> beam.Map(pane_message, self._names, self._keys, self._fingerprint)
+    def expand(self, elements):
+        return (elements
+                | "ToMessage" >> beam.Map(self._to_message, *self._args)
                 | "Publish" >> beam.io.WriteToPubSub(self._topic, with_attributes=True))
 
 
@@ -127,12 +129,47 @@ def dead_letter_message(letter: dict):
     return PubsubMessage(base64.b64decode(letter.get("data_base64", "")), attributes)
 
 
-class PublishDeadLetters(beam.PTransform):
-    def __init__(self, topic: str, label: str | None = None):
-        super().__init__(label)
-        self._topic = topic
+def broadcast_bytes(records: list[dict]) -> bytes:
+    """A broadcast as an Avro container (``broadcast.avsc``): the file
+    ``kvldp perturb --broadcast`` reads."""
+    buf = io.BytesIO()
+    fastavro.writer(buf, schemas.parsed(schemas.BROADCAST), records)
+    return buf.getvalue()
 
-    def expand(self, letters):
-        return (letters
-                | "ToMessage" >> beam.Map(dead_letter_message)
-                | "Publish" >> beam.io.WriteToPubSub(self._topic, with_attributes=True))
+
+class _WriteRoundFn(beam.DoFn):
+    def __init__(self, directory: str, protocol, job: str):
+        self._dir, self._protocol = directory, protocol
+        self._written = JobCounter(job, "round_files_written")
+
+    def process(self, outcome):
+        stem = FileSystems.join(self._dir, f"round-{outcome.round:02d}")
+        with FileSystems.create(stem + ".broadcast.avro") as fh:
+            fh.write(broadcast_bytes(outcome.records))
+        with FileSystems.create(stem + ".json") as fh:
+            fh.write(json.dumps(outcome.summary(self._protocol), sort_keys=True, indent=1).encode())
+        self._written.inc()
+        yield stem
+
+
+class WriteRounds(beam.PTransform):
+    """Finalised rounds -> ``DIRECTORY/round-NN.broadcast.avro`` (the broadcast
+    for round NN+1) and ``round-NN.json`` (window, reports, budget spent, ledger)."""
+
+    def __init__(self, directory: str, protocol, job: str, label: str | None = None):
+        super().__init__(label)
+        self._fn = _WriteRoundFn(directory, protocol, job)
+
+    def expand(self, outcomes):
+        return outcomes | "WriteRoundFiles" >> beam.ParDo(self._fn)
+
+
+def broadcast_message(outcome):
+    """A finalised round's broadcast as a Pub/Sub message for the devices."""
+    from apache_beam.io.gcp.pubsub import PubsubMessage
+    return PubsubMessage(broadcast_bytes(outcome.records), {
+        envelope.ROUND: str(outcome.round), envelope.BROADCAST: outcome.broadcast_id,
+        "kvldp_stopped": str(bool(outcome.state.stopped)).lower(),
+        "kvldp_collection": outcome.state.collection.id,
+        envelope.WINDOW_MS: str(outcome.window_end_ms - outcome.window_start_ms),
+        "kvldp_window_end_ms": str(outcome.window_end_ms)})

@@ -95,14 +95,35 @@ def dead_letter(reason: str, message, detail: str = "") -> dict:
             "processing_time_ms": int(time.time() * 1000)}
 
 
-class CheckMessageFn(beam.DoFn):
-    """``PubsubMessage -> (message id, Reports)``, or a dead letter: another
-    configuration (fingerprint), another round, an event time too far in
-    the future, or a body that does not decode as this round's reports."""
+@dataclasses.dataclass(frozen=True)
+class RoundBatch:
+    """A checked batch: its round (0-based), the broadcast it was perturbed
+    with (rounds >= 1 of a multi-round protocol, else ``""``), the layout
+    its perturbing side batched users with, and the reports."""
 
-    def __init__(self, protocol, round_index: int, config: dict, max_future: float, job: str):
-        self._protocol, self._round, self._config = protocol, round_index, dict(config)
-        self._fingerprint = envelope.config_fingerprint(config)
+    round_index: int
+    broadcast: str
+    layout: str
+    reports: typing.Any
+
+    @property
+    def n_reports(self) -> int:
+        return self.reports.n_reports
+
+
+def expected_rounds(protocol, round_configs: typing.Sequence[dict]) -> dict[str, tuple[int, dict]]:
+    """``fingerprint -> (round index, configuration)`` a collector accepts."""
+    return {envelope.config_fingerprint(c): (r, dict(c)) for r, c in enumerate(round_configs)}
+
+
+class CheckMessageFn(beam.DoFn):
+    """``PubsubMessage -> (message id, RoundBatch)``, or a dead letter:
+    another configuration (fingerprint), a round attribute that disagrees
+    with it, an event time too far in the future, or a body that does not
+    decode as that round's reports. ``expected``: ``expected_rounds``."""
+
+    def __init__(self, protocol, expected: dict, max_future: float, job: str):
+        self._protocol, self._expected = protocol, dict(expected)
         self._max_future_ms = int(max_future * 1000)
         self._read, self._rejected = JobCounter(job, "messages_read"), JobCounter(job, "messages_rejected")
         self._valid = JobCounter(job, "messages_valid")
@@ -111,37 +132,45 @@ class CheckMessageFn(beam.DoFn):
         self._read.inc()
         attrs = message.attributes or {}
         try:
-            reports, message_id = self._check(message, attrs)
+            batch, message_id = self._check(message, attrs)
         except _Reject as err:
             self._rejected.inc()
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, dead_letter(err.reason, message, err.detail))
             return
         self._valid.inc()
-        yield message_id, reports
+        yield message_id, batch
 
     def _check(self, message, attrs):
-        if attrs.get(envelope.FINGERPRINT) != self._fingerprint:
-            raise _Reject("config fingerprint", f"{attrs.get(envelope.FINGERPRINT)} is not this collector's "
-                                                f"{self._fingerprint} ({json.dumps(self._config, sort_keys=True)})")
+        fingerprint = attrs.get(envelope.FINGERPRINT)
+        if fingerprint not in self._expected:
+            known = "; ".join(f"round {r + 1}: {json.dumps(envelope.without_layout(c), sort_keys=True)}"
+                              for r, c in self._expected.values())
+            raise _Reject("config fingerprint", f"{fingerprint} is not this collector's ({known})")
+        round_index, config = self._expected[fingerprint]
         try:
             round_number, batch = int(attrs[envelope.ROUND]), int(attrs[envelope.BATCH])
             event_ms = int(attrs[envelope.EVENT_MS])
         except (KeyError, ValueError) as err:
             raise _Reject("malformed attributes", f"{type(err).__name__}: {err}") from None
-        if round_number != self._round + 1:
-            raise _Reject("round", f"round {round_number}, but this collector collects round {self._round + 1}")
+        if round_number != round_index + 1:
+            raise _Reject("round", f"round attribute {round_number}, but the fingerprint is round {round_index + 1}'s")
+        broadcast = attrs.get(envelope.BROADCAST, "")
+        if round_index > 0 and not broadcast:
+            raise _Reject("malformed attributes", f"round {round_number} names no {envelope.BROADCAST}")
         if event_ms > time.time() * 1000 + self._max_future_ms:
             raise _Reject("future event time", f"event time {event_ms} ms is more than "
                                                 f"{self._max_future_ms} ms ahead of the collector's clock")
         try:
             container = envelope.ReportContainer(io.BytesIO(message.data))
-            container.check(self._config, self._protocol.round_report_type(self._round), "message body")
-            reports = self._protocol.reports_from_records(self._round, list(container))
+            container.check(config, self._protocol.round_report_type(round_index), "message body", layout=False)
+            reports = self._protocol.reports_from_records(round_index, list(container))
         except Exception as err:  # any undecodable body is a dead letter, never a crash in a worker
             raise _Reject("undecodable body", f"{type(err).__name__}: {err}") from None
         if reports.batch_id != batch:
             reports = dataclasses.replace(reports, batch_id=batch)
-        return reports, envelope.message_id(self._fingerprint, round_number, batch)
+        layout = (container.config or {}).get(envelope.LAYOUT, "")
+        return RoundBatch(round_index, broadcast, layout, reports), \
+            envelope.message_id(fingerprint, round_number, batch)
 
 
 class _Reject(Exception):
@@ -151,12 +180,11 @@ class _Reject(Exception):
 
 
 class CheckReports(beam.PTransform):
-    """``PubsubMessage``s -> ``{"reports": (id, Reports), "dead_letter": dict}``."""
+    """``PubsubMessage``s -> ``{"reports": (id, RoundBatch), "dead_letter": dict}``."""
 
-    def __init__(self, protocol, round_index: int, config: dict, max_future: float, job: str,
-                 label: str | None = None):
+    def __init__(self, protocol, expected: dict, max_future: float, job: str, label: str | None = None):
         super().__init__(label)
-        self._fn = CheckMessageFn(protocol, round_index, config, max_future, job)
+        self._fn = CheckMessageFn(protocol, expected, max_future, job)
 
     def expand(self, messages):
         out = messages | "Check" >> beam.ParDo(self._fn).with_outputs(DEAD_LETTER, main="reports")
@@ -173,7 +201,7 @@ class _CountFn(beam.DoFn):
 
 
 class DeduplicateBatches(beam.PTransform):
-    """``(message id, Reports) -> Reports``, each id once within ``horizon``
+    """``(message id, RoundBatch) -> RoundBatch``, each id once within ``horizon``
     seconds of processing time (Beam's ``DeduplicatePerKey``: a redelivered
     batch is counted once on every runner, also where ``id_label`` is not
     honoured). Counts the unique batches; duplicates = valid - unique."""
@@ -203,7 +231,7 @@ class KeepWindows(window.NonMergingWindowFn):
 
 
 class LatenessGateFn(beam.DoFn):
-    """``Reports`` (global window, event timestamp) -> the same in each of its
+    """``RoundBatch`` (global window, event timestamp) -> the same in each of its
     windows that is still open on the collector's clock (end +
     ``allowed_lateness`` not passed); a batch with no open window is a dead
     letter, and each window it misses is counted."""
@@ -225,7 +253,8 @@ class LatenessGateFn(beam.DoFn):
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, {
                 "reason": "late", "detail": f"event time {timestamp}: its windows ended at {ends}, more than "
                                             f"{self._spec.allowed_lateness:g} s before {now}",
-                "attributes": {envelope.BATCH: str(reports.batch_id)}, "data_base64": "",
+                "attributes": {envelope.BATCH: str(reports.reports.batch_id),
+                               envelope.ROUND: str(reports.round_index + 1)}, "data_base64": "",
                 "processing_time_ms": int(time.time() * 1000)})
             return
         self._accepted.inc()
@@ -234,7 +263,7 @@ class LatenessGateFn(beam.DoFn):
 
 
 class WindowReports(beam.PTransform):
-    """``Reports`` -> ``{"reports": in their event-time windows with the
+    """``RoundBatch``es -> ``{"reports": in their event-time windows with the
     triggers of ``spec`` (accumulating panes), "dead_letter": late ones}``."""
 
     def __init__(self, spec: WindowSpec, job: str, label: str | None = None):
@@ -264,6 +293,7 @@ class Pane:
     index: int
     is_last: bool
     estimates: typing.Any
+    round: int = 1
 
     @property
     def n_reports(self) -> int:
@@ -274,33 +304,49 @@ class Pane:
         """``{start}-{end}-pane{index:03d}-{timing}`` (ms): one file per pane."""
         return f"{self.window_start_ms}-{self.window_end_ms}-pane{self.index:03d}-{self.timing}"
 
+    @classmethod
+    def of(cls, w, pane, estimates, round_number: int = 1) -> Pane:
+        return cls(int(w.start.micros // 1000), int(w.end.micros // 1000), PaneInfoTiming.to_string(pane.timing),
+                   int(pane.index), bool(pane.is_last), estimates, round_number)
 
-class _PaneFn(beam.DoFn):
+
+class PaneCounters:
+    """The pane counters of a job: emitted, on time, late."""
+
     def __init__(self, job: str):
         self._panes, self._on_time = JobCounter(job, "panes_emitted"), JobCounter(job, "panes_on_time")
         self._late = JobCounter(job, "panes_late")
 
-    def process(self, estimates, w=beam.DoFn.WindowParam, pane=beam.DoFn.PaneInfoParam):
-        timing = PaneInfoTiming.to_string(pane.timing)
+    def count(self, timing: str):
         self._panes.inc()
-        if pane.timing == PaneInfoTiming.ON_TIME:
+        if timing == "ON_TIME":
             self._on_time.inc()
-        elif pane.timing == PaneInfoTiming.LATE:
+        elif timing == "LATE":
             self._late.inc()
-        yield Pane(int(w.start.micros // 1000), int(w.end.micros // 1000), timing, int(pane.index),
-                   bool(pane.is_last), estimates)
+
+
+class _PaneFn(beam.DoFn):
+    def __init__(self, job: str):
+        self._counters = PaneCounters(job)
+
+    def process(self, estimates, w=beam.DoFn.WindowParam, pane=beam.DoFn.PaneInfoParam):
+        out = Pane.of(w, pane, estimates)
+        self._counters.count(out.timing)
+        yield out
 
 
 class CalibratePanes(beam.PTransform):
-    """Windowed ``Reports`` -> one ``Pane`` per window firing (the round's
+    """Windowed ``RoundBatch``es of a single-round mechanism -> one ``Pane``
+    per window firing (the round's
     counts, accumulated, calibrated with ``Calibrate`` from ``previous``)."""
 
     def __init__(self, protocol, job: str, round_index: int = 0, previous=None, label: str | None = None):
         super().__init__(label)
         self._protocol, self._round, self._previous, self._job = protocol, round_index, previous, job
 
-    def expand(self, reports):
-        return (reports
+    def expand(self, batches):
+        return (batches
+                | "Reports" >> beam.Map(lambda b: b.reports)
                 | "Accumulate" >> Accumulate(self._protocol, self._round, windowed=True)
                 | "Calibrate" >> Calibrate(self._protocol, self._round, self._previous)
                 | "Pane" >> beam.ParDo(_PaneFn(self._job)))
