@@ -109,17 +109,24 @@ def test_beam_flags_still_pass_through():
 
 # -- the Flex Template --------------------------------------------------------
 
-def test_committed_template_metadata_is_generated_from_the_flags():
-    committed = json.loads((ROOT / "deploy" / "dataflow" / "metadata.json").read_text())
-    regenerate = "python -m kvldp.pipelines.template > deploy/dataflow/metadata.json"
-    assert committed == template.metadata(), regenerate
-    names = {p["name"] for p in committed["parameters"]}
-    assert {"mechanism", "epsilon", "input", "output", "key_dictionary", "padding", "key_share"} <= names
+@pytest.mark.parametrize("command, expected", [
+    ("collect", {"mechanism", "epsilon", "input", "output", "key_dictionary", "padding", "key_share"}),
+    ("stream", {"mechanism", "epsilon", "subscription", "window", "early_every", "allowed_lateness",
+                "output_topic", "dead_letter_topic", "broadcast_topic", "collection_id"}),
+])
+def test_committed_template_metadata_is_generated_from_the_flags(command, expected):
+    name = template.TEMPLATES[command][0]
+    committed = json.loads((ROOT / "deploy" / "dataflow" / name).read_text())
+    regenerate = f"python -m kvldp.pipelines.template {command} > deploy/dataflow/{name}"
+    assert committed == template.metadata(command), regenerate
+    assert expected <= {p["name"] for p in committed["parameters"]}
 
 
 def test_template_parameters_become_cli_flags():
     assert template.template_argv(["--key_dictionary=gs://b/k.txt", "--max_rounds=4", "--temp_location=gs://t"]) == [
         "collect", "--key-dictionary=gs://b/k.txt", "--max-rounds=4", "--temp_location=gs://t"]
+    assert template.template_argv(["--early_every=30s", "--output_topic=projects/p/topics/t"], "stream") == [
+        "stream", "--early-every=30s", "--output-topic=projects/p/topics/t"]
 
 
 # -- a new mechanism: one module (here: this class) plus one registry line ----

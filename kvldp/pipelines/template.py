@@ -1,11 +1,13 @@
-"""The Dataflow Flex Template of ``kvldp collect``, generated from its flags.
+"""The Dataflow Flex Templates of ``kvldp collect`` (batch) and ``kvldp
+stream`` (streaming), generated from their flags.
 
-``deploy/dataflow/metadata.json`` lists one template parameter per flag of
-``kvldp collect`` -- the job's own and every mechanism's typed options -- with
-its help text and a validation regex, so a new mechanism's options reach the
-template without editing it. ``python -m kvldp.pipelines.template`` rewrites
-the file; a test checks the committed one is current. ``template_argv``
-turns the launcher's ``--name=value`` parameters back into CLI flags.
+``deploy/dataflow/metadata.json`` (collect) and ``stream-metadata.json``
+list one template parameter per flag of the job -- its own and every
+mechanism's typed options -- with its help text and a validation regex, so
+a new mechanism's options reach the templates without editing them.
+``python -m kvldp.pipelines.template [collect|stream]`` prints one; a test
+checks the committed files are current. ``template_argv`` turns the
+launcher's ``--name=value`` parameters back into CLI flags.
 """
 from __future__ import annotations
 
@@ -17,8 +19,15 @@ from kvldp.mechanisms.params import floats, whole_or_auto
 from kvldp.pipelines import cli
 from kvldp.pipelines.flags import mechanism_flags
 from kvldp.pipelines.sources import positive_int
+from kvldp.pipelines.units import DURATION_PATTERN, parse_duration
 
 COMMAND = "collect"
+TEMPLATES = {
+    "collect": ("metadata.json", "Collector side of a kvldp key-value LDP mechanism: report files -> calibrated "
+                "per-key estimates (and, for multi-round protocols, the next round's broadcast)."),
+    "stream": ("stream-metadata.json", "Continuous kvldp collector (streaming): report messages from a Pub/Sub "
+               "subscription -> calibrated estimates per event-time window and pane, dead letters with reasons."),
+}
 NUMBER = r"^-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
 WHOLE = r"^[0-9]+$"
 POSITIVE = r"^0*[1-9][0-9]*$"
@@ -33,6 +42,10 @@ def _regex(action: argparse.Action, option_meta: dict | None) -> str | None:
         return r"^([0-9]+|auto)$"
     if parse is positive_int:
         return POSITIVE
+    if parse is parse_duration:
+        return DURATION_PATTERN.replace("\\s*", "")
+    if getattr(parse, "pattern", None):
+        return parse.pattern
     if parse is int or (option_meta or {}).get("whole"):
         return WHOLE
     if parse is float:
@@ -43,6 +56,7 @@ def _regex(action: argparse.Action, option_meta: dict | None) -> str | None:
 
 
 def parameters(command: str = COMMAND) -> list[dict]:
+    """One template parameter per flag of ``kvldp COMMAND``."""
     options = {name: flag.meta for name, flag in mechanism_flags().items()}
     sub = cli.subcommand_parser(cli.parser(), command)
     out = []
@@ -58,17 +72,14 @@ def parameters(command: str = COMMAND) -> list[dict]:
     return out
 
 
-def metadata() -> dict:
-    return {"name": f"kvldp {COMMAND}",
-            "description": "Collector side of a kvldp key-value LDP mechanism: report files -> calibrated "
-                           "per-key estimates (and, for multi-round protocols, the next round's broadcast).",
-            "parameters": parameters()}
+def metadata(command: str = COMMAND) -> dict:
+    return {"name": f"kvldp {command}", "description": TEMPLATES[command][1], "parameters": parameters(command)}
 
 
-def template_argv(argv) -> list[str]:
+def template_argv(argv, command: str = COMMAND) -> list[str]:
     """``--key_dictionary=x`` (a template parameter) -> ``--key-dictionary=x``;
     Beam's own options (``--temp_location``, …) pass unchanged."""
-    sub = cli.subcommand_parser(cli.parser(), COMMAND)
+    sub = cli.subcommand_parser(cli.parser(), command)
     flag_of = {a.dest: next(s for s in a.option_strings if s.startswith("--"))
                for a in sub._actions if any(s.startswith("--") for s in a.option_strings)}
     out = []
@@ -76,9 +87,9 @@ def template_argv(argv) -> list[str]:
         name, eq, value = arg.partition("=")
         dest = name[2:] if name.startswith("--") else None
         out.append(f"{flag_of[dest]}{eq}{value}" if dest in flag_of else arg)
-    return [COMMAND, *out]
+    return [command, *out]
 
 
 if __name__ == "__main__":
-    json.dump(metadata(), sys.stdout, indent=2)
+    json.dump(metadata(sys.argv[1] if len(sys.argv) > 1 else COMMAND), sys.stdout, indent=2)
     sys.stdout.write("\n")

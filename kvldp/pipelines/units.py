@@ -5,7 +5,8 @@ import argparse
 import datetime as dt
 import re
 
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d)?\s*$")
+DURATION_PATTERN = r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d)?\s*$"
+_DURATION = re.compile(DURATION_PATTERN)
 _SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
@@ -35,8 +36,13 @@ def parse_instant_ms(text: str) -> int:
     return int(when.timestamp() * 1000)
 
 
-_RESOURCE = re.compile(r"^projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/(topics|subscriptions)/"
-                       r"[A-Za-z][-A-Za-z0-9._~%+]{2,254}$")
+_PROJECT, _NAME = r"projects/[a-z][-a-z0-9]{4,28}[a-z0-9]", r"[A-Za-z][-A-Za-z0-9._~%+]{2,254}"
+_RESOURCE = re.compile(rf"^{_PROJECT}/(topics|subscriptions)/{_NAME}$")
+
+
+def pubsub_pattern(kind: str) -> str:
+    """The regex of a full Pub/Sub name of ``kind`` (template validation)."""
+    return rf"^{_PROJECT}/{kind}/{_NAME}$"
 
 
 def pubsub_path(kind: str):
@@ -49,4 +55,5 @@ def pubsub_path(kind: str):
             raise argparse.ArgumentTypeError(f"must be a full Pub/Sub name projects/PROJECT/{kind}/NAME, got {text!r}")
         return text
     parse.__name__ = kind
+    parse.pattern = pubsub_pattern(kind)
     return parse
