@@ -281,7 +281,8 @@ def test_a_multi_round_protocol_runs_one_round_per_window(pubsub, tmp_path, mech
         _, config, beam_args = cli.configure([
             "publish", *common, "--users", "3000", "--batch-size", "300", "--seed", "5", "--dataset",
             "synthetic-gg", "--collection-id", cid, "--output", str(tmp_path / "dev" / "R.avro"), "--topic", topic,
-            "--event-time", str(first), "--broadcast-subscription", b_sub, "--broadcast-timeout", "60s"])
+            "--event-time", str(first), "--window", f"{size:g}s", "--broadcast-subscription", b_sub,
+            "--broadcast-timeout", "60s"])
         publisher.update(publish.run(config, beam_args))
 
     thread = threading.Thread(target=devices)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 import fastavro
 from apache_beam.io.filesystems import FileSystems
 
+from kvldp.mechanisms.randomness import fresh_seed
 from kvldp.pipelines import runner, split
 from kvldp.pipelines.pubsub_admin import ensure_subscription, ensure_topic
 from kvldp.pipelines.split import PerturbConfig
@@ -50,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser):
                         help="create --broadcast-subscription on this topic before round 1 if missing")
     rounds.add_argument("--broadcast-timeout", type=parse_duration, default=600.0,
                         help="how long to wait for a round's broadcast (default 10m)")
+    rounds.add_argument("--window", type=parse_duration, default=None,
+                        help="the collector's window length (stream --window): each round's reports are stamped "
+                             "inside one window")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +72,7 @@ class PublishConfig:
     broadcast_subscription: str | None = None
     broadcast_topic: str | None = None
     broadcast_timeout: float = 600.0
+    window: float | None = None
 
     def __post_init__(self):
         if self.rate is not None and not self.rate > 0:
@@ -78,7 +83,8 @@ class PublishConfig:
     @classmethod
     def from_args(cls, args) -> PublishConfig:
         return cls(PerturbConfig.from_args(args), args.topic, args.rate, args.event_time, args.event_time_spread,
-                   args.create_topic, args.broadcast_subscription, args.broadcast_topic, args.broadcast_timeout)
+                   args.create_topic, args.broadcast_subscription, args.broadcast_topic, args.broadcast_timeout,
+                   args.window)
 
 
 _BATCH_FILE = re.compile(r"-(\d+)\.avro$")
@@ -159,21 +165,37 @@ def wait_for_broadcast(subscription: str, round_number: int, timeout: float, sub
                      "(is kvldp stream running with --broadcast-topic, and has round's window closed?)")
 
 
+def discard_pending(subscription: str, subscriber=None) -> int:
+    """Acknowledge what is already on ``subscription`` (broadcasts of an
+    earlier collection must not steer this one's rounds); how many."""
+    from google.cloud import pubsub_v1
+    subscriber = subscriber or pubsub_v1.SubscriberClient()
+    dropped = 0
+    while True:
+        response = subscriber.pull(subscription=subscription, max_messages=100, timeout=2)
+        if not response.received_messages:
+            return dropped
+        subscriber.acknowledge(subscription=subscription, ack_ids=[m.ack_id for m in response.received_messages])
+        dropped += len(response.received_messages)
+
+
 def _publish_round(config: PublishConfig, perturb: PerturbConfig, beam_args, broadcast: str | None = None,
                    window_ms: int | None = None) -> dict:
-    """Perturb one round and publish it. Event times: round 1 from
-    ``--event-time`` (default: when published); later rounds from when they
-    are published, kept inside one of the collector's windows
+    """Perturb one round and publish it. Event times: from ``--event-time``
+    if given, else from when they are published; with ``window_ms`` (a
+    multi-round protocol) kept inside one of the collector's windows
     (``envelope.next_round_event_ms``)."""
     done = split.run_perturb(perturb, beam_args)
     files = report_files(perturb.prefix)
     if not files:
         raise ValueError(f"perturb wrote no report files under {perturb.prefix}")
     now = int(time.time() * 1000)
-    if window_ms is not None:
+    if perturb.round == 1 and config.event_time_ms is not None:
+        start_ms = config.event_time_ms
+    elif window_ms is not None:
         start_ms = envelope.next_round_event_ms(now, window_ms)
     else:
-        start_ms = config.event_time_ms if config.event_time_ms is not None else now
+        start_ms = now
     times = spread_event_times(len(files), start_ms, config.event_time_spread)
     began = time.perf_counter()
     sent = publish_report_files(files, config.topic, times, perturb.round, config.rate, broadcast=broadcast)
@@ -189,17 +211,26 @@ def _publish_round(config: PublishConfig, perturb: PerturbConfig, beam_args, bro
 def run(config: PublishConfig, beam_args) -> dict:
     perturb = config.perturb
     rounds = perturb.mechanism.make(2).max_rounds
-    if rounds > 1 and not config.broadcast_subscription:
+    if rounds > 1 and (not config.broadcast_subscription or not config.window):
         raise ValueError(f"{perturb.mechanism.name} runs {rounds} rounds: give --broadcast-subscription (where "
-                         "kvldp stream --broadcast-topic publishes each round's broadcast)")
+                         "kvldp stream --broadcast-topic publishes each round's broadcast) and --window (the "
+                         "collector's window length)")
+    window_ms = round(config.window * 1000) if rounds > 1 else None
     if config.create_topic and ensure_topic(config.topic):
         print(f"created topic {config.topic}")
     if config.broadcast_topic and ensure_subscription(config.broadcast_subscription, config.broadcast_topic):
         print(f"created subscription {config.broadcast_subscription} on {config.broadcast_topic}")
+    if rounds > 1:
+        stale = discard_pending(config.broadcast_subscription)
+        if stale:
+            print(f"discarded {stale} broadcasts of an earlier collection on {config.broadcast_subscription}")
     if not perturb.output:
         directory = os.path.dirname(runner.scratch_path(beam_args, "x"))
         perturb = dataclasses.replace(perturb, output=os.path.join(directory, "REPORTS.avro"))
-    first = _publish_round(config, perturb, beam_args)
+    if rounds > 1 and perturb.data.seed is None:
+        # every round must see the same users: one fresh secret seed for the whole collection
+        perturb = dataclasses.replace(perturb, data=dataclasses.replace(perturb.data, seed=fresh_seed()))
+    first = _publish_round(config, perturb, beam_args, window_ms=window_ms)
     out = {**first, "rounds": [first]}
     if rounds == 1:
         return out
@@ -215,11 +246,14 @@ def run(config: PublishConfig, beam_args) -> dict:
             print(f"the collector's broadcast after round {r - 1} says the protocol has ended")
             break
         claimed = attrs.get(envelope.BROADCAST)
+        if int(attrs.get(envelope.WINDOW_MS, 0)) != window_ms:
+            raise ValueError(f"--window is {window_ms} ms but the collector's windows are "
+                             f"{attrs.get(envelope.WINDOW_MS)} ms: rounds would straddle its windows")
         if envelope.broadcast_id(fastavro_records(body)) != claimed:
             raise ValueError(f"the broadcast of round {r - 1} does not match its id {claimed}")
         this = dataclasses.replace(perturb, round=r, broadcast=path, collection_id=cid,
                                    output=f"{base}.round{r}.avro")
-        out["rounds"].append(_publish_round(config, this, beam_args, claimed, window_ms=int(attrs[envelope.WINDOW_MS])))
+        out["rounds"].append(_publish_round(config, this, beam_args, claimed, window_ms=window_ms))
     return out
 
 

@@ -95,7 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser):
     run.add_argument("--max-runtime", type=parse_duration, default=None, help="stop (drain) after this long")
     run.add_argument("--stop-after-windows", type=sources.positive_int, default=None,
                      help="stop once this many windows have had their on-time pane")
-    run.add_argument("--progress-every", type=parse_duration, default=10.0, help="counters in the log (10s)")
+    run.add_argument("--progress-every", type=parse_duration, default=None,
+                     help="counters in the log this often (default: every --early-every, else 10s)")
     run.add_argument("--drain-timeout", type=parse_duration, default=60.0,
                      help="on stop, wait at most this long for the batches read to reach a pane (60s)")
 
@@ -137,10 +138,11 @@ class StreamConfig:
     @classmethod
     def from_args(cls, args) -> StreamConfig:
         spec = WindowSpec(args.window, args.sliding_every, args.early_every, args.allowed_lateness, args.max_future)
+        progress = args.progress_every or args.early_every or 10.0
         return cls(MechanismConfig.from_args(args), args.subscription, spec, args.key_dictionary, args.keys,
                    args.dedupe_horizon, args.output_dir, args.output_format, args.output_topic,
                    args.dead_letter_dir, args.dead_letter_topic, args.max_runtime, args.stop_after_windows,
-                   args.progress_every, args.drain_timeout, args.subscribe_to, args.collection_id,
+                   progress, args.drain_timeout, args.subscribe_to, args.collection_id,
                    args.broadcast_topic)
 
 
