@@ -16,12 +16,15 @@ setup(
         "numpy>=1.24",
         "scipy>=1.10",
         "fastavro>=1.8",
+        # the clients' noise: AES-CTR / ChaCha20 bit generators for numpy (mechanisms/randomness.py)
+        "randomgen>=2.1",
         "google-cloud-storage>=2.10",
         "matplotlib>=3.7",
         "tqdm>=4.60",
     ],
     extras_require={
-        "test": ["pytest>=7", "gcp-storage-emulator>=2026.7.18"],
+        # cryptography: an independent AES for the noise generator's known-answer test
+        "test": ["pytest>=7", "gcp-storage-emulator>=2026.7.18", "cryptography>=41"],
     },
     entry_points={"console_scripts": ["kvldp = kvldp.pipelines.cli:main"]},
 )

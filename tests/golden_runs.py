@@ -16,6 +16,8 @@ import sys
 
 import numpy as np
 
+from kvldp.mechanisms.randomness import SimulationSeed
+
 ROOT = pathlib.Path(__file__).resolve().parent
 GOLDEN = ROOT / "golden" / "fingerprints.json"
 SEED = 20261123
@@ -58,7 +60,8 @@ def fingerprints(api) -> dict:
     data = api.dataset("multi", USERS, D, SEED)
     for name in api.names():
         mech = api.make(name, D, EPSILON, **OPTIONS.get(name, {}))
-        rounds = api.run(mech, data, SEED, BATCH)
+        # the fingerprints predate the cryptographic noise generator: PCG64DXSM, as then
+        rounds = api.run(mech, data, SimulationSeed(SEED), BATCH)
         out[name] = {
             "rounds": [{"reports": _digest(*[a for b in reports for a in _batch_arrays(b)]),
                         "counts": _digest(counts)} for reports, counts in rounds["rounds"]],

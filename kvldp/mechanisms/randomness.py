@@ -7,10 +7,34 @@ retry must never hand the collector a second independent draw of a user).
 Without a run seed, the seed is drawn from the OS's CSPRNG (``secrets``).
 Whoever knows the seed can undo the noise: it is a secret of the perturbing
 side and never written into reports, estimates or logs.
+
+The noise (``STREAM_PERTURB``: every perturbation, padding-and-sampling
+draw and key sample) comes from a cryptographic generator: AES-128 in
+counter mode (``randomgen.AESCounter``, AES-NI) or, on a CPU without AES
+instructions, ChaCha20 (``randomgen.ChaCha(rounds=20)``), plugged into
+``numpy.random.Generator``. Its 128-bit key is derived from the run seed and
+(stream, batch, round) by libsodium's ``crypto_kdf`` construction: BLAKE2b
+keyed with the seed, personalised ``kvldp-noise-v1``, over the three numbers
+(``noise_key``). A collector that sees a batch's reports sees functions of
+AES/ChaCha output under a key it cannot recover, so unlike PCG64 (whose
+state has been recovered from its output: Bouillaguet, Martinez and Sauvage,
+ToSC 2020) nothing it learns from one batch undoes another user's noise.
+Measured here through ``Generator`` (10^7 floats + 10^7 bounded ints):
+AES-CTR 216 M/s, PCG64DXSM 127 M/s, ChaCha20 72 M/s.
+
+``SimulationSeed`` marks a seed whose noise may come from the fast,
+non-cryptographic PCG64DXSM (``--fast-rng`` of simulate, evaluate, bench; the
+golden fingerprints): simulations only, and the output says so. The data
+generators of simulations and the users' group assignment (keyed by the
+public collection id: the collector learns the groups anyway from who
+reports when) are not noise and keep PCG64DXSM.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import secrets
+import struct
 
 import numpy as np
 
@@ -22,16 +46,57 @@ STREAM_DATA_SETUP = 0x4453
 STREAM_GROUP = 0x4752
 
 
+NOISE_STREAMS = frozenset({STREAM_PERTURB})
+KDF_PERSON = b"kvldp-noise-v1"
+
+
+class SimulationSeed(int):
+    """A run seed whose noise comes from the fast, non-cryptographic
+    PCG64DXSM: for simulations and tests only (``--fast-rng``)."""
+
+    def __repr__(self):
+        return f"SimulationSeed({int(self)})"
+
+
 def fresh_seed() -> int:
     """A 128-bit seed from the operating system's CSPRNG."""
     return secrets.randbits(128)
 
 
+def noise_key(seed: int, stream: int, batch_id: int, round_index: int) -> int:
+    """The 128-bit key of one batch's noise generator: BLAKE2b keyed with the
+    128-bit seed over (stream, batch, round) (libsodium's ``crypto_kdf``)."""
+    secret = (int(seed) & ((1 << 128) - 1)).to_bytes(16, "big")
+    message = struct.pack(">QQQ", int(stream), int(batch_id), int(round_index))
+    return int.from_bytes(hashlib.blake2b(message, digest_size=16, key=secret, person=KDF_PERSON).digest(), "big")
+
+
+@functools.cache
+def has_aes_instructions() -> bool:
+    from randomgen import AESCounter
+    return bool(AESCounter(key=1).use_aesni)
+
+
+def noise_generator_name(seed) -> str:
+    """Which generator a run's noise comes from (printed with its output)."""
+    if isinstance(seed, SimulationSeed):
+        return "PCG64DXSM (fast, not cryptographic: simulation only, --fast-rng)"
+    return "AES-128-CTR (AES-NI)" if has_aes_instructions() else "ChaCha20"
+
+
 def batch_rng(seed: int, batch_id: int, stream: int = STREAM_PERTURB, round_index: int = 0) -> np.random.Generator:
     """Generator for one batch: a pure function of (seed, stream, batch_id,
-    round); each round of a multi-round protocol draws fresh noise."""
+    round); each round of a multi-round protocol draws fresh noise. Noise
+    streams are cryptographic unless ``seed`` is a ``SimulationSeed``."""
     if seed is None:
         raise ValueError("a run seed is required (draw one with fresh_seed())")
+    if min(int(batch_id), int(round_index), int(stream)) < 0:
+        raise ValueError(f"batch, round and stream are >= 0, got {batch_id}, {round_index}, {stream}")
+    if stream in NOISE_STREAMS and not isinstance(seed, SimulationSeed):
+        from randomgen import AESCounter, ChaCha
+        key = noise_key(seed, stream, batch_id, round_index)
+        bits = AESCounter(key=key) if has_aes_instructions() else ChaCha(key=key, rounds=20)
+        return np.random.Generator(bits)
     ss = np.random.SeedSequence([int(seed) & ((1 << 128) - 1), int(stream), int(batch_id), int(round_index)])
     return np.random.Generator(np.random.PCG64DXSM(ss))
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
 from kvldp.mechanisms.local import run_local
+from kvldp.mechanisms.randomness import noise_generator_name
 from kvldp.pipelines import mechanism_args, runner, sources
 from kvldp.pipelines.graphs import simulate_graph
 from kvldp.pipelines.mechanism_args import MechanismConfig
@@ -27,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--dataset", default="synthetic-uu", choices=SYNTHETIC)
     parser.add_argument("--batch-size", type=sources.positive_int, default=DEFAULT_BATCH_SIZE)
     parser.add_argument("--seed", type=int, default=1)
+    sources.add_fast_rng_arg(parser)
     parser.add_argument("--repeats", type=sources.positive_int, default=3,
                         help="timed runs of each path; the best is reported (the first pays one-off warm-up)")
 
@@ -44,12 +46,12 @@ class BenchConfig:
         return cls(DataConfig.from_args(args), MechanismConfig.from_args(args), args.repeats)
 
 
-def _beam_run(config: BenchConfig, beam_args, dataset, mechanism) -> tuple[float, np.ndarray]:
+def _beam_run(config: BenchConfig, beam_args, dataset, mechanism, seed) -> tuple[float, np.ndarray]:
     out = runner.scratch_path(beam_args, "estimates.jsonl")
     start = time.perf_counter()
     p = runner.make_pipeline(beam_args)
     source = sources.user_source(p, config.data, dataset)
-    run = simulate_graph(source.users, mechanism, config.data.seed, source.key_names, truth=False)
+    run = simulate_graph(source.users, mechanism, seed, source.key_names, truth=False)
     run["records"] | "Write" >> WriteEstimates(out)
     p.run().wait_until_finish()
     seconds = time.perf_counter() - start
@@ -59,20 +61,22 @@ def _beam_run(config: BenchConfig, beam_args, dataset, mechanism) -> tuple[float
 
 def run(config: BenchConfig, beam_args) -> dict:
     data = config.data
-    dataset = sources.built_in_dataset(data, data.seed)
+    seeds = sources.Seeds.of(data)
+    dataset = sources.built_in_dataset(data, seeds.data)
     mechanism = config.mechanism.make(dataset.d, dataset, mechanism_args.resolve_ioh_keys(
         config.mechanism, data, beam_args, dataset.key_names, dataset, None))
     numpy_s, beam_s = [], []
     for _ in range(config.repeats):
         start = time.perf_counter()
-        local = run_local(mechanism, dataset, data.seed, data.batch_size)
+        local = run_local(mechanism, dataset, seeds.perturb, data.batch_size)
         numpy_s.append(time.perf_counter() - start)
-        seconds, beam_freq = _beam_run(config, beam_args, dataset, mechanism)
+        seconds, beam_freq = _beam_run(config, beam_args, dataset, mechanism, seeds.perturb)
         beam_s.append(seconds)
     same = bool(np.array_equal(beam_freq, local.estimates.frequency, equal_nan=True))   # null = null
     n = dataset.n_users
     numpy_rate, beam_rate = n / min(numpy_s), n / min(beam_s)
-    print(f"{mechanism!r}, {data.dataset}, n={n:,}, batch={data.batch_size:,}")
+    print(f"{mechanism!r}, {data.dataset}, n={n:,}, batch={data.batch_size:,}, noise from "
+          f"{noise_generator_name(seeds.perturb)}")
     print(f"  numpy local runner: {min(numpy_s):8.2f} s  {numpy_rate / 1e6:8.3f} M users/s")
     print(f"  beam pipeline:      {min(beam_s):8.2f} s  {beam_rate / 1e6:8.3f} M users/s")
     print(f"  ratio beam/numpy:   {beam_rate / numpy_rate:8.2f}   identical estimates: {same}")

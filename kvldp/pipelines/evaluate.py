@@ -60,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser):
                         help="top-t key sets to score, e.g. 20,50 (default 50); KS-GRR/KS-Adap use the largest as t")
     mechanism_args.add_mechanism_args(parser, single=False)
     sources.add_dataset_args(parser)
+    sources.add_fast_rng_arg(parser)
     parser.set_defaults(users=None, keys=None, dataset=None)     # so a preset can fill them
 
 
@@ -199,7 +200,7 @@ def run_numpy(config: SimulateConfig, beam_args) -> dict:
     """``simulate.execute`` on the pure-NumPy local runner: the same seeds,
     dataset, mechanism and records (not written to a file)."""
     data = config.data
-    seeds = sources.Seeds.from_arg(data.seed)
+    seeds = sources.Seeds.of(data)
     dataset = sources.built_in_dataset(data, seeds.data)
     if dataset is None:
         raise ValueError("--engine numpy runs built-in datasets only (synthetic-*, clothing, movielens-100k)")

@@ -9,6 +9,7 @@ import time
 
 import apache_beam as beam
 
+from kvldp.mechanisms.randomness import noise_generator_name
 from kvldp.pipelines import mechanism_args, report, runner, sources
 from kvldp.pipelines.graphs import ioh_counts_file, protocol_summary, simulate_graph
 from kvldp.pipelines.mechanism_args import MechanismConfig
@@ -23,6 +24,7 @@ from kvldp.transforms.ratings import write_dead_letters
 def add_arguments(parser: argparse.ArgumentParser):
     mechanism_args.add_mechanism_args(parser)
     sources.add_dataset_args(parser)
+    sources.add_fast_rng_arg(parser)
     parser.add_argument("--output", default=None, help="estimates file (.avro, .jsonl or .csv)")
     parser.add_argument("--rows", type=int, default=10, help="keys shown in the table")
     parser.add_argument("--fanout", type=int, default=None, help="CombineGlobally fanout")
@@ -56,7 +58,7 @@ def execute(config: SimulateConfig, beam_args) -> dict:
     ``l`` that ``--padding auto`` chose, before the run, and a ``WARNING:``
     on stderr, before or after the run, when ``l`` truncates many users."""
     data, chosen = config.data, config.mechanism
-    seeds = sources.Seeds.from_arg(data.seed)
+    seeds = sources.Seeds.of(data)
     dataset = sources.built_in_dataset(data, seeds.data)
     dictionary, set_sizes = (None, None) if dataset is not None else sources.key_dictionary_and_sizes(data, beam_args)
     key_names = dataset.key_names if dataset is not None else dictionary
@@ -88,7 +90,8 @@ def execute(config: SimulateConfig, beam_args) -> dict:
             "seconds": time.perf_counter() - start, "stats": runner.counters(result),
             "records": report.read_estimates(output), "n_users": getattr(dataset, "n_users", None),
             "protocol": json.loads(read_text(summary_path)) if mechanism.max_rounds > 1 else None,
-            "counts_path": counts_path if ioh_keys is not None else None, "padding": padding.summary()}
+            "counts_path": counts_path if ioh_keys is not None else None, "padding": padding.summary(),
+            "noise": noise_generator_name(seeds.perturb)}
 
 
 def run(config: SimulateConfig, beam_args) -> dict:
@@ -96,7 +99,7 @@ def run(config: SimulateConfig, beam_args) -> dict:
     mechanism, records, stats = out["mechanism"], out["records"], out["stats"]
     summary = report.mse_summary(records, config.mechanism.get("top") or 50)
     print(f"{mechanism!r} on {out['dataset']}: {stats.get('users_perturbed', 0)} user reports "
-          f"in {out['seconds']:.1f} s")
+          f"in {out['seconds']:.1f} s; noise from {out['noise']}")
     if mechanism.max_rounds > 1:
         info = out["protocol"]
         print(f"rounds run: {info['rounds_run']} of at most {info['max_rounds']}; "

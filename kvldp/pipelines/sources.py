@@ -14,7 +14,7 @@ from apache_beam.io.filesystems import FileSystems
 from kvldp.datasets import Dataset, SyntheticDataset, load_clothing, load_movielens_100k
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
 from kvldp.mechanisms.padding import merge_histograms, size_histogram
-from kvldp.mechanisms.randomness import fresh_seed
+from kvldp.mechanisms.randomness import SimulationSeed, fresh_seed
 from kvldp.pipelines.runner import make_pipeline, read_array, save_array, scratch_path
 from kvldp.transforms.ratings import DEAD_LETTER, ReadRatings
 
@@ -87,6 +87,7 @@ class DataConfig:
     rating_range: tuple[float, float] = (-1.0, 1.0)
     key_dictionary: str | None = None        # one item id per line; None: derived from the data
     shards: int = 16                         # user shards (= report batches) of ratings files
+    fast_rng: bool = False                   # simulations only: non-cryptographic noise (randomness.py)
 
     def __post_init__(self):
         for name in ("users", "keys", "batch_size", "shards"):
@@ -129,14 +130,27 @@ def read_dictionary(path: str) -> list[str]:
 
 @dataclasses.dataclass
 class Seeds:
+    """The run's seeds: of the simulated data, and of the noise (a
+    ``SimulationSeed`` with ``fast_rng``: PCG64DXSM instead of AES-CTR)."""
+
     data: int
     perturb: int
 
     @classmethod
-    def from_arg(cls, seed: int | None) -> Seeds:
-        if seed is None:
-            return cls(fresh_seed(), fresh_seed())
-        return cls(seed, seed)
+    def from_arg(cls, seed: int | None, fast_rng: bool = False) -> Seeds:
+        data, perturb = (fresh_seed(), fresh_seed()) if seed is None else (seed, seed)
+        return cls(data, SimulationSeed(perturb) if fast_rng else perturb)
+
+    @classmethod
+    def of(cls, data: DataConfig) -> Seeds:
+        return cls.from_arg(data.seed, data.fast_rng)
+
+
+def add_fast_rng_arg(parser: argparse.ArgumentParser):
+    """``--fast-rng``, for the jobs that only simulate (never ``perturb``/``publish``)."""
+    parser.add_argument("--fast-rng", action="store_true",
+                        help="simulations only: draw the noise from PCG64DXSM (fast, not cryptographic) "
+                             "instead of AES-CTR; the output names the generator")
 
 
 def built_in_dataset(data: DataConfig, data_seed: int) -> Dataset | None:

@@ -174,7 +174,7 @@ def perturb_state(config: PerturbConfig, protocol, seed: int, dataset, key_names
 
 def run_perturb(config: PerturbConfig, beam_args) -> dict:
     data, chosen, prefix = config.data, config.mechanism, config.prefix
-    seeds = sources.Seeds.from_arg(data.seed)
+    seeds = sources.Seeds.of(data)
     dataset = sources.built_in_dataset(data, seeds.data)
     dictionary, set_sizes = (None, None) if dataset is not None else sources.key_dictionary_and_sizes(data, beam_args)
     key_names = dataset.key_names if dataset is not None else dictionary
