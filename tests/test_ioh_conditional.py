@@ -56,7 +56,7 @@ def test_conditional_estimates_converge(variant, keys):
     sum of squares: a query whose condition few users meet has an s.e. 10-100x
     the others', and one such error can outweigh the rest at either size). The data really are
     correlated: at 800k some conditional frequency and some conditional mean
-    differ from the key's marginal (estimated) by > 10 s.e. And the check
+    differ from the key's marginal (estimated) by > 6 s.e. And the check
     has power: the joint share F(C, k held)/n -- the conditional frequency
     with the wrong denominator -- misses > 3/4 of the conditioned queries by
     > 10 s.e. (it equals f * F(C)/n, so it is close only where f is small
@@ -90,7 +90,10 @@ def test_conditional_estimates_converge(variant, keys):
         a, b = table.conditional(t, g), table.conditional(t, {})
         gap_f.append(abs(a.frequency_raw - b.frequency_raw) / math.hypot(a.frequency_se, b.frequency_se))
         gap_m.append(abs(a.mean_raw - b.mean_raw) / math.hypot(a.mean_se, b.mean_se))
-    assert max(gap_f) > 10 and max(gap_m) > 10, (max(gap_f), max(gap_m))
+    # without correlation each gap is ~|N(0,1)| (less: hypot overstates the
+    # s.d. of a difference of positively correlated estimates); the largest of
+    # ~100 exceeds 6 w.p. ~2e-7, so > 6 is the data's correlation, not noise
+    assert max(gap_f) > 6 and max(gap_m) > 6, (max(gap_f), max(gap_m))
 
 
 def se_reliable(table, t, g, scale):
@@ -106,7 +109,9 @@ def se_reliable(table, t, g, scale):
     Zc, vZ = table.select({**cond, t: NOT_HELD})
     P, vP = table.select({**cond, t: (2,)})
     N, vN = table.select({**cond, t: (0,)})
-    return scale * max(math.sqrt(vX) / X, math.sqrt(vZ) / Zc), scale * max(math.sqrt(vP) / P, math.sqrt(vN) / N)
+    def rel(v, x):     # an estimated count <= 0 has no usable relative error (its s.e. is not reliable)
+        return math.sqrt(v) / x if x > 0 else math.inf
+    return scale * max(rel(vX, X), rel(vZ, Zc)), scale * max(rel(vP, P), rel(vN, N))
 
 
 @pytest.mark.parametrize("variant, keys", CONV_CASES)
