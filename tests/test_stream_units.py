@@ -153,3 +153,21 @@ def test_units_on_the_command_line():
     for bad in ("reports", "projects/my-proj/subscriptions/reports", "projects/x/topics/reports"):
         with pytest.raises(argparse.ArgumentTypeError):
             check(bad)
+
+
+def test_sink_files_appear_whole(tmp_path, monkeypatch):
+    """A pane file is never opened for writing under its final name (a
+    reader polling the directory would see it half-written): it is written
+    under a temporary name and renamed."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from kvldp.transforms import stream_sinks
+    created = []
+    real_create = FileSystems.create
+    monkeypatch.setattr(FileSystems, "create", lambda path, *a, **k: created.append(path) or real_create(path, *a, **k))
+    est = MECH.estimate(MECH.accumulate(MECH.new_counts(), _reports()))
+    fn = stream_sinks._WritePaneFn(str(tmp_path), "jsonl", [f"k{i}" for i in range(6)], None, job="units")
+    [path] = list(fn.process(Pane(0, 10_000, "EARLY", 0, False, est)))
+    assert path not in created and all(".tmp-" in c for c in created)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["estimates-0-10000-pane000-EARLY.jsonl"]
+    assert len((tmp_path / "estimates-0-10000-pane000-EARLY.jsonl").read_text().splitlines()) == 6

@@ -4,7 +4,8 @@ pane, one per dead letter) and/or Pub/Sub topics.
 A pane is one element (``streaming.Pane``) holding every key's estimate, so
 each pane is written as one file named by its window and pane index
 (``Pane.name``): a retried bundle rewrites the same file, and a reader sees
-every pane of every window apart. (``fileio.WriteToFiles`` would regroup
+every pane of every window apart. Every file appears whole (``publish_file``:
+written under a temporary name, then renamed). (``fileio.WriteToFiles`` would regroup
 the per-key records by window under its own trigger and, with accumulating
 panes, emit earlier panes' records again.)
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import uuid
 from collections.abc import Sequence
 
 import apache_beam as beam
@@ -24,6 +26,17 @@ from kvldp.schemas.records import estimate_records
 from kvldp.transforms.tally import JobCounter
 
 PANE_FORMATS = ("jsonl", "avro")
+
+
+def publish_file(path: str, data: bytes) -> str:
+    """Write ``data`` to ``path`` so that a reader watching the directory
+    never sees it half-written: into a temporary name first (which no
+    ``*.jsonl``/``*.avro``/``*.json`` pattern matches), then renamed."""
+    temporary = f"{path}.tmp-{uuid.uuid4().hex}"
+    with FileSystems.create(temporary) as fh:
+        fh.write(data)
+    FileSystems.rename([temporary], [path])
+    return path
 
 
 def pane_records(pane, key_names: Sequence[str], keys: Sequence[int] | None = None) -> list[dict]:
@@ -50,8 +63,7 @@ class _WritePaneFn(beam.DoFn):
 
     def process(self, pane):
         path = FileSystems.join(self._dir, f"estimates-{pane.name}.{self._fmt}")
-        with FileSystems.create(path) as fh:
-            fh.write(pane_bytes(pane_records(pane, self._names, self._keys), self._fmt))
+        publish_file(path, pane_bytes(pane_records(pane, self._names, self._keys), self._fmt))
         self._written.inc()
         yield path
 
@@ -102,10 +114,7 @@ class _WriteDeadLetterFn(beam.DoFn):
         attrs = letter.get("attributes", {})
         ident = attrs.get(envelope.MESSAGE_ID) or f"batch{attrs.get(envelope.BATCH, 'unknown')}"
         name = f"{letter['reason'].replace(' ', '_')}-{ident}-{letter['processing_time_ms']}.json"
-        path = FileSystems.join(self._dir, name)
-        with FileSystems.create(path) as fh:
-            fh.write(json.dumps(letter).encode())
-        yield path
+        yield publish_file(FileSystems.join(self._dir, name), json.dumps(letter).encode())
 
 
 class WriteDeadLetters(beam.PTransform):
@@ -144,10 +153,8 @@ class _WriteRoundFn(beam.DoFn):
 
     def process(self, outcome):
         stem = FileSystems.join(self._dir, f"round-{outcome.round:02d}")
-        with FileSystems.create(stem + ".broadcast.avro") as fh:
-            fh.write(broadcast_bytes(outcome.records))
-        with FileSystems.create(stem + ".json") as fh:
-            fh.write(json.dumps(outcome.summary(self._protocol), sort_keys=True, indent=1).encode())
+        publish_file(stem + ".broadcast.avro", broadcast_bytes(outcome.records))
+        publish_file(stem + ".json", json.dumps(outcome.summary(self._protocol), sort_keys=True, indent=1).encode())
         self._written.inc()
         yield stem
 
