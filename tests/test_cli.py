@@ -102,7 +102,7 @@ def test_simulate_ratings_file_reports_row_accounting(tmp_path, capsys):
     line = next(x for x in text.splitlines() if x.startswith("rows read"))
     read, acc, rej = (int(t) for t in line.replace("[ok]", "").split() if t.isdigit())
     assert read == 303 and read == acc + rej and "[ok]" in line
-    dead = [json.loads(x) for x in (tmp_path / "est.jsonl.rejected.jsonl").read_text().splitlines()]
+    dead = [json.loads(x) for x in (tmp_path / "kvldp-rejected" / "est.jsonl.rejected.jsonl").read_text().splitlines()]
     assert len(dead) == rej
     assert {d["reason"].split(":")[0] for d in dead} >= {"malformed row", "duplicate key for one user"}
 
@@ -112,6 +112,7 @@ def test_bench_reports_rates_and_identical_estimates(capsys):
                      "--repeats", "1"]) == 0
     text = capsys.readouterr().out
     assert "ratio beam/numpy" in text and "identical estimates: True" in text
+    assert "the cryptographic generator costs" in text
 
 
 def test_unknown_mechanism_is_a_clear_error():

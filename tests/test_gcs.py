@@ -135,13 +135,14 @@ def test_simulate_reads_and_writes_gs(gcs, local_reference, capsys):
                      "--output", f"gs://{BUCKET}/out/est.jsonl"]) == 0
     (read, acc, rej), line = _row_summary(capsys.readouterr().out)
     assert (read, acc, rej) == (len(GOOD_ROWS) + len(BAD_ROWS), len(GOOD_ROWS), len(BAD_ROWS)), line
-    # Exactly the two outputs in the bucket: no beam-temp leftovers.
-    assert _names(gcs, "out/") == ["out/est.jsonl", "out/est.jsonl.rejected.jsonl"]
+    # Exactly the estimates in the output directory (no beam-temp leftovers); the
+    # rejected rows stay beside the raw ratings.
+    assert _names(gcs, "out/") == ["out/est.jsonl"]
     assert FileSystems.exists(f"gs://{BUCKET}/out/est.jsonl")
     est = [json.loads(x) for x in _lines(gcs, "out/est.jsonl")]
     assert sorted(r["key"] for r in est) == ITEMS
     assert {r["n_reports"] for r in est} == {N_USERS}
-    dead = [json.loads(x) for x in _lines(gcs, "out/est.jsonl.rejected.jsonl")]
+    dead = [json.loads(x) for x in _lines(gcs, "kvldp-rejected/est.jsonl.rejected.jsonl")]
     assert len(dead) == len(BAD_ROWS)
     assert {d["source"] for d in dead} == {f"gs://{BUCKET}/ratings.csv"}
     reasons = " | ".join(sorted(d["reason"] for d in dead))
@@ -163,9 +164,9 @@ def test_perturb_then_collect_through_gs(gcs, local_reference, capsys):
     assert (acc, rej) == (len(GOOD_ROWS), len(BAD_ROWS)), line
     names = _names(gcs, "rep/")
     reports = [n for n in names if n.startswith("rep/R-") and n.endswith(".avro")]
-    assert reports and set(names) == {*reports, "rep/R.keys.txt", "rep/R.rejected.jsonl"}, names
+    assert reports and set(names) == {*reports, "rep/R.keys.txt"}, names      # nothing raw beside the reports
     assert _lines(gcs, "rep/R.keys.txt") == ITEMS
-    assert len(_lines(gcs, "rep/R.rejected.jsonl")) == len(BAD_ROWS)
+    assert len(_lines(gcs, "kvldp-rejected/R.rejected.jsonl")) == len(BAD_ROWS)
 
     assert cli.main(["collect", *MECH, "--input", f"gs://{BUCKET}/rep/R*.avro",
                      "--key-dictionary", f"gs://{BUCKET}/rep/R.keys.txt",

@@ -10,7 +10,7 @@ import numpy as np
 
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
 from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.randomness import noise_generator_name
+from kvldp.mechanisms.randomness import SimulationSeed, noise_generator_name
 from kvldp.pipelines import mechanism_args, runner, sources
 from kvldp.pipelines.graphs import simulate_graph
 from kvldp.pipelines.mechanism_args import MechanismConfig
@@ -65,11 +65,13 @@ def run(config: BenchConfig, beam_args) -> dict:
     dataset = sources.built_in_dataset(data, seeds.data)
     mechanism = config.mechanism.make(dataset.d, dataset, mechanism_args.resolve_ioh_keys(
         config.mechanism, data, beam_args, dataset.key_names, dataset, None))
-    numpy_s, beam_s = [], []
+    crypto = not isinstance(seeds.perturb, SimulationSeed)
+    numpy_s, beam_s, fast_s = [], [], []
     for _ in range(config.repeats):
-        start = time.perf_counter()
-        local = run_local(mechanism, dataset, seeds.perturb, data.batch_size)
-        numpy_s.append(time.perf_counter() - start)
+        seconds, local = _numpy_run(mechanism, dataset, seeds.perturb, data.batch_size)
+        numpy_s.append(seconds)
+        if crypto:      # the same run with the fast generator: what the cryptographic one costs
+            fast_s.append(_numpy_run(mechanism, dataset, SimulationSeed(seeds.perturb), data.batch_size)[0])
         seconds, beam_freq = _beam_run(config, beam_args, dataset, mechanism, seeds.perturb)
         beam_s.append(seconds)
     same = bool(np.array_equal(beam_freq, local.estimates.frequency, equal_nan=True))   # null = null
@@ -80,5 +82,18 @@ def run(config: BenchConfig, beam_args) -> dict:
     print(f"  numpy local runner: {min(numpy_s):8.2f} s  {numpy_rate / 1e6:8.3f} M users/s")
     print(f"  beam pipeline:      {min(beam_s):8.2f} s  {beam_rate / 1e6:8.3f} M users/s")
     print(f"  ratio beam/numpy:   {beam_rate / numpy_rate:8.2f}   identical estimates: {same}")
-    return {"numpy_users_per_s": numpy_rate, "beam_users_per_s": beam_rate, "ratio": beam_rate / numpy_rate,
-            "identical": same}
+    out = {"numpy_users_per_s": numpy_rate, "beam_users_per_s": beam_rate, "ratio": beam_rate / numpy_rate,
+           "identical": same}
+    if crypto:
+        share = 1.0 - min(fast_s) / min(numpy_s)
+        print(f"  numpy, PCG64DXSM:   {min(fast_s):8.2f} s  {n / min(fast_s) / 1e6:8.3f} M users/s: the "
+              f"cryptographic generator costs {share:+.1%} of the numpy time, {share * min(numpy_s) / min(beam_s):+.1%}"
+              f" of the Beam time")
+        out.update(fast_numpy_users_per_s=n / min(fast_s), generator_share=share)
+    return out
+
+
+def _numpy_run(mechanism, dataset, seed, batch_size):
+    start = time.perf_counter()
+    result = run_local(mechanism, dataset, seed, batch_size)
+    return time.perf_counter() - start, result

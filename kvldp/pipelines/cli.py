@@ -9,7 +9,7 @@ import logging
 import sys
 from collections.abc import Callable
 
-from kvldp.pipelines import advise, bench, evaluate, publish, query, simulate, split, stream
+from kvldp.pipelines import advise, bench, evaluate, publish, query, run_seed, simulate, split, stream
 from kvldp.pipelines.flags import check_beam_args
 
 
@@ -43,6 +43,8 @@ COMMANDS = {
                       "which mechanism for n, d, epsilon (and l), with expected errors"),
     "bench": Command(bench.add_arguments, bench.BenchConfig, bench.run,
                      "users/second of the Beam pipeline vs the NumPy runner"),
+    "seed": Command(run_seed.add_seed_command_arguments, run_seed.SeedConfig, run_seed.run_seed_command,
+                    "write a fresh secret run seed to a file for --seed-file (mode 600)"),
 }
 
 

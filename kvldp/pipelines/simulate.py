@@ -81,7 +81,7 @@ def execute(config: SimulateConfig, beam_args) -> dict:
         ioh_counts_file(run["counts"], source.users, mechanism, source.key_names, counts_path)
     run["records"] | "WriteEstimates" >> WriteEstimates(output)
     if source.dead_letter is not None:
-        write_dead_letters(source.dead_letter, output + ".rejected.jsonl")
+        write_dead_letters(source.dead_letter, data.dead_letter_path(output))
     start = time.perf_counter()
     result = p.run()
     result.wait_until_finish()

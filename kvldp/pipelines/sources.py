@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import re
 from collections.abc import Sequence
 
 import apache_beam as beam
@@ -15,6 +16,7 @@ from kvldp.datasets import Dataset, SyntheticDataset, load_clothing, load_moviel
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
 from kvldp.mechanisms.padding import merge_histograms, size_histogram
 from kvldp.mechanisms.randomness import SimulationSeed, fresh_seed
+from kvldp.pipelines import run_seed
 from kvldp.pipelines.runner import make_pipeline, read_array, save_array, scratch_path
 from kvldp.transforms.ratings import DEAD_LETTER, ReadRatings
 
@@ -28,7 +30,11 @@ def add_dataset_args(parser: argparse.ArgumentParser, default: str | None = "syn
     parser.add_argument("--users", type=positive_int, default=1_000_000, help="synthetic users")
     parser.add_argument("--keys", type=positive_int, default=100, help="synthetic keys d")
     parser.add_argument("--seed", type=int, default=None,
-                        help="run seed (simulations/tests); default: fresh from the OS CSPRNG")
+                        help="run seed (simulations/tests: visible to anyone who sees the command line); "
+                             "default: --seed-file, else $KVLDP_SEED, else fresh from the OS CSPRNG")
+    parser.add_argument("--seed-file", default=None,
+                        help="file holding the run seed as 32 hex digits (`kvldp seed FILE` writes one): "
+                             "a reproducible real run without the seed on the command line")
     parser.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="users per batch")
     parser.add_argument("--resample-users", type=positive_int, default=None,
                         help="bootstrap a real dataset's users up to N (labelled in the output)")
@@ -42,6 +48,10 @@ def add_dataset_args(parser: argparse.ArgumentParser, default: str | None = "syn
     ratings.add_argument("--key-dictionary", default=None,
                          help="file with one item id per line (index = key); default: the items in the data")
     ratings.add_argument("--shards", type=positive_int, default=16, help="user shards (= report batches) for files")
+    ratings.add_argument("--dead-letter", default=None,
+                         help="where rejected rows (raw values, with reasons) go; default "
+                              "INPUT_DIR/kvldp-rejected/OUTPUT_NAME.rejected.jsonl, beside the raw data and "
+                              "never beside reports or estimates")
 
 
 def positive_int(text: str) -> int:
@@ -78,6 +88,7 @@ class DataConfig:
     users: int = 1_000_000                   # synthetic users
     keys: int = 100                          # synthetic d
     seed: int | None = None                  # None: fresh from the OS CSPRNG
+    seed_origin: str | None = dataclasses.field(default=None, compare=False)   # flag, file, env (run_seed)
     batch_size: int = DEFAULT_BATCH_SIZE
     resample_users: int | None = None        # bootstrap a real dataset's users up to this many
     input_format: str | None = None          # csv, jsonl, avro; None: from the file name
@@ -88,6 +99,7 @@ class DataConfig:
     key_dictionary: str | None = None        # one item id per line; None: derived from the data
     shards: int = 16                         # user shards (= report batches) of ratings files
     fast_rng: bool = False                   # simulations only: non-cryptographic noise (randomness.py)
+    dead_letter: str | None = None           # rejected rows; None: dead_letter_path's default
 
     def __post_init__(self):
         for name in ("users", "keys", "batch_size", "shards"):
@@ -109,13 +121,34 @@ class DataConfig:
         """The dataset flags of ``add_dataset_args``; ``overrides`` that are
         not ``None`` win. A flag left ``None`` takes the field's default."""
         given = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(cls)}
+        found = run_seed.resolve(getattr(args, "seed", None), getattr(args, "seed_file", None))
+        given.update(seed=found.value, seed_origin=found.origin)
         given.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**{k: v for k, v in given.items() if v is not None})
+
+    def dead_letter_path(self, output: str) -> str:
+        """Where this job's rejected rows go. They are raw ratings, so by
+        default they stay with the raw data: ``kvldp-rejected/`` in the
+        input's directory, named after ``output`` (never under a report
+        prefix, which is what is shipped to a collector)."""
+        if self.dead_letter:
+            return self.dead_letter
+        name = FileSystems.split(output.rstrip("/"))[1] or "output"
+        return FileSystems.join(input_directory(self.dataset), "kvldp-rejected", name + ".rejected.jsonl")
 
     def read_ratings(self, dictionary: Sequence[str] | None) -> ReadRatings:
         """The transform reading this config's ratings files."""
         return ReadRatings(self.dataset, self.rating_range, dictionary, self.input_format,
                            self.user_col, self.item_col, self.rating_col, self.shards)
+
+
+def input_directory(pattern: str) -> str:
+    """The directory a file pattern's matches live under: the part before
+    the first wildcard, up to its last separator (``.`` for a bare name)."""
+    fixed = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
+    if fixed.endswith("/"):
+        return fixed.rstrip("/") or "/"
+    return FileSystems.split(fixed)[0] or "."
 
 
 def read_dictionary(path: str) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 
 import apache_beam as beam
 import fastavro
@@ -20,7 +21,7 @@ from apache_beam.io.filesystems import FileSystems
 from kvldp import schemas
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms.protocol import Collection
-from kvldp.pipelines import mechanism_args, report, runner, sources
+from kvldp.pipelines import mechanism_args, report, run_seed, runner, sources
 from kvldp.pipelines.graphs import collect_graph, ioh_counts_file
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.padding import padding_from_reports, resolve_padding
@@ -35,6 +36,12 @@ from kvldp.transforms.io import (
 )
 from kvldp.transforms.perturb import Perturb
 from kvldp.transforms.ratings import write_dead_letters
+
+DERIVED_DICTIONARY_WARNING = (
+    "WARNING: no --key-dictionary: the key dictionary is derived from the ratings and written to "
+    "PREFIX.keys.txt for the collector, so it publishes every item id anyone rated (an item only one user "
+    "rated tells the collector that someone did). For a real collection pass --key-dictionary with the "
+    "public catalogue; items outside it go to the dead letter.")
 
 
 def add_round_arguments(parser: argparse.ArgumentParser):
@@ -84,9 +91,19 @@ class PerturbConfig:
         """Reports go to ``PREFIX-NNNNN.avro`` and the key names to ``PREFIX.keys.txt``."""
         return self.output[:-len(".avro")] if self.output.endswith(".avro") else self.output
 
+    def __post_init__(self):
+        if self.output and not self.data.is_built_in:
+            dead, prefix = self.data.dead_letter_path(self.output), self.prefix
+            if dead.startswith(prefix) or FileSystems.split(dead)[0] == FileSystems.split(prefix)[0]:
+                raise ValueError(f"--dead-letter {dead} is beside the reports {prefix}-*: rejected rows are raw "
+                                 "ratings and must not travel with what the collector receives; put them "
+                                 "elsewhere (default: beside the input)")
+
     @classmethod
     def from_args(cls, args) -> PerturbConfig:
         data = DataConfig.from_args(args, dataset=args.dataset_input)      # --input PATH = --dataset PATH
+        if data.seed_origin == "flag" and not data.is_built_in:
+            print(run_seed.exposed_seed_warning(getattr(args, "command", "perturb")), file=sys.stderr)
         return cls(data, MechanismConfig.from_args(args), args.output, args.round, args.broadcast,
                    args.collection_id)
 
@@ -192,7 +209,9 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
     (source.key_names | "JoinKeys" >> beam.Map("\n".join)
      | "WriteKeys" >> beam.io.WriteToText(prefix + ".keys.txt", num_shards=1, shard_name_template=""))
     if source.dead_letter is not None:
-        write_dead_letters(source.dead_letter, prefix + ".rejected.jsonl")
+        write_dead_letters(source.dead_letter, data.dead_letter_path(prefix))
+    if dictionary is not None and not data.key_dictionary:
+        print(DERIVED_DICTIONARY_WARNING, file=sys.stderr)
     result = p.run()
     result.wait_until_finish()
     padding.after_run()                            # warns when l truncated too many users
