@@ -9,7 +9,7 @@ import logging
 import sys
 from collections.abc import Callable
 
-from kvldp.pipelines import advise, bench, evaluate, publish, query, run_seed, simulate, split, stream
+from kvldp.pipelines import advise, bench, evaluate, portable, publish, query, run_seed, simulate, split, stream
 from kvldp.pipelines.flags import check_beam_args
 
 
@@ -68,6 +68,7 @@ def configure(argv) -> tuple[str, object, list[str]]:
 
 def config_from_args(top: argparse.ArgumentParser, args, beam_args):
     check_beam_args(beam_args, subcommand_parser(top, args.command))
+    portable.check_runner(beam_args)
     return COMMANDS[args.command].config.from_args(args)
 
 
