@@ -27,7 +27,8 @@ PYTHON=${PYTHON:-python3}
 pom_property() { sed -n "s:.*<$1>\(.*\)</$1>.*:\1:p" "$HERE/pom.xml" | head -1; }
 BEAM_RUNNER_VERSION=$(pom_property beam.version)
 FLINK_MINOR=$(pom_property flink.minor)
-LIB=$CACHE/job-server-$BEAM_RUNNER_VERSION-flink-$FLINK_MINOR/lib
+POM_HASH=$(sha256sum "$HERE/pom.xml" | cut -c1-12)      # a changed pom.xml builds afresh
+LIB=$CACHE/job-server-$BEAM_RUNNER_VERSION-flink-$FLINK_MINOR-$POM_HASH/lib
 
 die() { echo "flink.sh: $*" >&2; exit 2; }
 
@@ -99,14 +100,18 @@ job_server() {
   done
   build_job_server
   # The Job API carries no version: refuse here a runner the installed kvldp SDK was not tested with.
-  if "$PYTHON" -c "import kvldp" 2>/dev/null; then
+  if "$PYTHON" -c "import kvldp.pipelines.portable" 2>/dev/null; then
     "$PYTHON" -m kvldp.pipelines.portable check "beam-runners-flink-$FLINK_MINOR" "$BEAM_RUNNER_VERSION" || exit 2
   else
-    echo "flink.sh: WARNING: $PYTHON has no kvldp: cannot check the SDK / job server pairing" >&2
+    echo "flink.sh: WARNING: $PYTHON cannot import kvldp (set PYTHON to the interpreter kvldp is installed in):" \
+         "the SDK / job server pairing is not checked" >&2
   fi
   echo "flink.sh: job server (beam-runners-flink-$FLINK_MINOR $BEAM_RUNNER_VERSION) on localhost:$port," \
        "Flink master $master" >&2
-  exec java -cp "$LIB/*" org.apache.beam.runners.flink.FlinkJobServerDriver \
+  # INFO from Beam (job submitted, state changes), WARN and up from Flink's own chatter; JAVA_OPTS may override
+  # shellcheck disable=SC2086
+  exec java -Dorg.slf4j.simpleLogger.defaultLogLevel=info -Dorg.slf4j.simpleLogger.log.org.apache.flink=warn \
+    -Dorg.slf4j.simpleLogger.showDateTime=true ${JAVA_OPTS:-} -cp "$LIB/*" org.apache.beam.runners.flink.FlinkJobServerDriver \
     --flink-master="$master" --job-port="$port" --artifact-port=0 --expansion-port=0 "${extra[@]}"
 }
 

@@ -9,7 +9,19 @@ import logging
 import sys
 from collections.abc import Callable
 
-from kvldp.pipelines import advise, bench, evaluate, portable, publish, query, run_seed, simulate, split, stream
+from kvldp.pipelines import (
+    advise,
+    bench,
+    evaluate,
+    portable,
+    publish,
+    query,
+    run_seed,
+    runner,
+    simulate,
+    split,
+    stream,
+)
 from kvldp.pipelines.flags import check_beam_args
 
 
@@ -83,6 +95,9 @@ def main(argv=None) -> int:
     args, beam_args = top.parse_known_args(argv)
     try:
         COMMANDS[args.command].run(config_from_args(top, args, beam_args), beam_args)
+    except runner.DryRunFinished as done:
+        print(done)
+        return 0
     except (ValueError, FileNotFoundError) as err:
         print(f"kvldp {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import sys
@@ -14,10 +15,12 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
+    DebugOptions,
     DirectOptions,
     GoogleCloudOptions,
     PipelineOptions,
     StandardOptions,
+    TestOptions,
 )
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
@@ -65,6 +68,41 @@ def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
                       "(a timed flush splits an element: runaway memory, 'Unknown type tag' or lost batches); "
                       f"the default, {SAFE_RUNNING_MODE}, is safe", RuntimeWarning, stacklevel=2)
     return beam.Pipeline(runner=FnApiRunner(), options=options)
+
+
+class DryRunFinished(Exception):
+    """A ``--dry_run`` job: its graph was built for its runner (for Dataflow,
+    the whole job request: every DoFn pickled, every option translated) and
+    nothing ran. ``cli.main`` prints the message and exits 0."""
+
+
+def run_pipeline(p: beam.Pipeline, wait: bool = True):
+    """``p.run()`` (and wait for it): with ``--dry_run`` the runner builds the
+    job without submitting it and ``DryRunFinished`` says so, so no job goes
+    on to read outputs that were never written."""
+    result = p.run()
+    options = p.options.view_as(TestOptions)
+    if options.dry_run:
+        raise DryRunFinished(_dry_run_report(p, result))
+    if wait:
+        result.wait_until_finish()
+    return result
+
+
+def _dry_run_report(p: beam.Pipeline, result) -> str:
+    """What a dry run built; a Dataflow job request goes to ``--dataflow_job_file``
+    (Beam writes it only when submitting): the job and its pipeline proto."""
+    job = getattr(result, "job", None)
+    graph = getattr(job, "proto_pipeline", None)
+    size = f"{len(graph.components.transforms)} transforms, " if graph is not None else ""
+    job_file = p.options.view_as(DebugOptions).dataflow_job_file
+    if job is not None and job_file:
+        from google.protobuf import json_format
+        request = {"job": json.loads(job.json()), "pipeline": json_format.MessageToDict(graph)}
+        with FileSystems.create(job_file) as fh:
+            fh.write(json.dumps(request, indent=1, sort_keys=True).encode())
+    return (f"dry run: the {p.runner.__class__.__name__} job was built ({size}every DoFn pickled) and not "
+            f"submitted{f'; job request written to {job_file}' if job is not None and job_file else ''}")
 
 
 def scratch_path(beam_args: Sequence[str], name: str) -> str:

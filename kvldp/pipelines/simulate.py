@@ -83,8 +83,7 @@ def execute(config: SimulateConfig, beam_args) -> dict:
     if source.dead_letter is not None:
         write_dead_letters(source.dead_letter, data.dead_letter_path(output))
     start = time.perf_counter()
-    result = p.run()
-    result.wait_until_finish()
+    result = runner.run_pipeline(p)
     padding.after_run()                            # warns when l truncated too many users
     return {"mechanism": mechanism, "dataset": getattr(dataset, "name", data.dataset), "output": output,
             "seconds": time.perf_counter() - start, "stats": runner.counters(result),

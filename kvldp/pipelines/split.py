@@ -212,8 +212,7 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
         write_dead_letters(source.dead_letter, data.dead_letter_path(prefix))
     if dictionary is not None and not data.key_dictionary:
         print(DERIVED_DICTIONARY_WARNING, file=sys.stderr)
-    result = p.run()
-    result.wait_until_finish()
+    result = runner.run_pipeline(p)
     padding.after_run()                            # warns when l truncated too many users
     stats = runner.counters(result)
     runner.print_row_summary(stats)
@@ -345,8 +344,7 @@ def run_collect(config: CollectConfig, beam_args) -> dict:
     if ioh_keys is not None:
         counts_out = config.counts_out or config.output + ".counts.avro"
         ioh_counts_file(out["counts"], None, mechanism, key_names, counts_out)
-    result = p.run()
-    result.wait_until_finish()
+    result = runner.run_pipeline(p)
     stats = runner.counters(result)
     print_collected(config, mechanism, stats, broadcast_out, counts_out)
     return {"output": config.output, "stats": stats, "broadcast": broadcast_out, "counts": counts_out}

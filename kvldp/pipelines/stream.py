@@ -305,7 +305,7 @@ def run(config: StreamConfig, beam_args) -> dict:
     print(f"streaming {protocol!r} from {config.subscription} (fingerprint "
           f"{envelope.config_fingerprint(first)[:16]}…); windows of {config.windows.size:g} s",
           flush=True)
-    result = p.run()
+    result = runner.run_pipeline(p, wait=False)
     monitor = Monitor(result, config, job, direct)
     previous = _install_sigint(monitor)
     try:

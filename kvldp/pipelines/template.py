@@ -73,7 +73,10 @@ def parameters(command: str = COMMAND) -> list[dict]:
 
 
 def metadata(command: str = COMMAND) -> dict:
-    return {"name": f"kvldp {command}", "description": TEMPLATES[command][1], "parameters": parameters(command)}
+    out = {"name": f"kvldp {command}", "description": TEMPLATES[command][1]}
+    if command == "stream":
+        out["streaming"] = True          # Dataflow shows the streaming options and launches a streaming job
+    return {**out, "parameters": parameters(command)}
 
 
 def template_argv(argv, command: str = COMMAND) -> list[str]:
