@@ -12,7 +12,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,15 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from ports import free_port
+
 REQUIRE = "KVLDP_REQUIRE_PUBSUB_EMULATOR"
 START_TIMEOUT_S = 90.0
 PROJECT = "kvldp-tests"
 
-
-def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _unavailable(reason: str):
@@ -45,7 +41,7 @@ def running_emulator():
     group: gcloud starts a JVM) afterwards."""
     if shutil.which("gcloud") is None:
         _unavailable("gcloud is not on PATH")
-    port = _free_port()
+    port = free_port()
     log = Path(tempfile.mkdtemp(prefix="pubsub-emulator-")) / "emulator.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen(["gcloud", "beta", "emulators", "pubsub", "start",

@@ -124,3 +124,19 @@ class _Chain(beam.PTransform):
 
     def expand(self, pcoll):
         return pcoll | "Defect" >> self._first | "Then" >> self._second
+
+
+@pytest.mark.parametrize("mechanism", [["pckv-ue"], ["privkvm", "--rounds", "3", "--collection-id",
+                                                     "0123456789abcdef0123456789abcdef",
+                                                     "--broadcast-topic", "projects/kvldp-offline/topics/broadcast"]])
+def test_stream_builds_for_dataflow_streaming(mechanism, tmp_path, capsys):
+    """The continuous collector's graph (Pub/Sub source, windows, stateful
+    round chaining, Pub/Sub sinks) as Dataflow's streaming job."""
+    keys = tmp_path / "keys.txt"
+    keys.write_text("a\nb\nc\n")
+    request, said = _offline(["stream", "--mechanism", *mechanism, "--epsilon", "2", "--key-dictionary", str(keys),
+                              "--subscription", "projects/kvldp-offline/subscriptions/reports", "--window", "1m",
+                              "--output-dir", "gs://kvldp-offline/panes"], tmp_path, capsys)
+    assert request["job"]["type"] == "JOB_TYPE_STREAMING"
+    labels = {t["uniqueName"] for t in request["pipeline"]["components"]["transforms"].values()}
+    assert any("ReadFromPubSub" in label or "Read" in label for label in labels)

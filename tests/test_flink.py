@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import pytest
 
 from kvldp.pipelines import cli, portable
 from kvldp.pipelines.report import read_estimates
+from ports import free_port
 
 pytestmark = pytest.mark.flink
 
@@ -37,11 +37,6 @@ REQUIRE = "KVLDP_REQUIRE_FLINK"
 START_TIMEOUT_S = 180.0
 ENV = {**os.environ, "PYTHON": sys.executable}
 
-
-def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +56,7 @@ def flink_built():
 def job_server(master: str = "[local]"):
     """``localhost:PORT`` of a running ``flink.sh job-server``; stopped (its
     process group: the script execs a JVM) afterwards."""
-    port = _free_port()
+    port = free_port()
     log = Path(tempfile.mkdtemp(prefix="flink-job-server-")) / "job-server.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen([str(FLINK_SH), "job-server", "--port", str(port), "--flink-master", master],
@@ -165,7 +160,7 @@ def _avro(path) -> list:
 def standalone_cluster(flink_built):
     """A JobManager and a TaskManager of the Flink distribution, on a free
     REST port; stopped afterwards."""
-    rest = _free_port()
+    rest = free_port()
     subprocess.run([str(FLINK_SH), "cluster", "start", "--rest-port", str(rest), "--slots", "2"],
                    env=ENV, check=True, timeout=600)
     try:

@@ -3,8 +3,6 @@ what to do instead (kvldp/pipelines/portable.py), not a stack trace or a
 hang deep in Beam. The Flink runs themselves are tests/test_flink.py."""
 from __future__ import annotations
 
-import contextlib
-import socket
 from concurrent import futures
 
 import grpc
@@ -12,14 +10,10 @@ import pytest
 from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc
 
 from kvldp.pipelines import cli, portable
+from ports import free_port
 
 SIM = ["simulate", "--mechanism", "pckv-ue", "--epsilon", "2", "--users", "1000", "--keys", "5"]
 
-
-def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_flink_runner_without_a_job_server_jar_is_refused_with_the_way_that_works(capsys):
@@ -31,7 +25,7 @@ def test_flink_runner_without_a_job_server_jar_is_refused_with_the_way_that_work
 
 def test_a_job_endpoint_nobody_answers_is_an_error_not_a_hang(monkeypatch, capsys):
     monkeypatch.setattr(portable, "PROBE_TIMEOUT_S", 1.0)
-    port = _free_port()
+    port = free_port()
     assert cli.main([*SIM, "--runner", "PortableRunner", "--job_endpoint", f"localhost:{port}"]) == 2
     assert f"no job server answers at localhost:{port}" in capsys.readouterr().err
     assert cli.main([*SIM, "--runner", "PortableRunner"]) == 2

@@ -321,8 +321,8 @@ def write_broadcast(state, protocol, names, path: str):
 
 
 def run_collect(config: CollectConfig, beam_args) -> dict:
-    names = collect_key_names(config)
     found = report_config(config.input)    # every file's header, read once, before any compute
+    names = collect_key_names(config)
     chosen, ioh_keys = config.mechanism, None
     if chosen.takes_ioh_keys():
         # the chosen keys travel with the reports; --ioh-keys may restate them
