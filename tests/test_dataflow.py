@@ -134,7 +134,7 @@ def test_stream_builds_for_dataflow_streaming(mechanism, tmp_path, capsys):
     round chaining, Pub/Sub sinks) as Dataflow's streaming job."""
     keys = tmp_path / "keys.txt"
     keys.write_text("a\nb\nc\n")
-    request, said = _offline(["stream", "--mechanism", *mechanism, "--epsilon", "2", "--key-dictionary", str(keys),
+    request, _ = _offline(["stream", "--mechanism", *mechanism, "--epsilon", "2", "--key-dictionary", str(keys),
                               "--subscription", "projects/kvldp-offline/subscriptions/reports", "--window", "1m",
                               "--output-dir", "gs://kvldp-offline/panes"], tmp_path, capsys)
     assert request["job"]["type"] == "JOB_TYPE_STREAMING"

@@ -55,8 +55,9 @@ def _beam_run(config: BenchConfig, beam_args, dataset, mechanism, seed) -> tuple
     run["records"] | "Write" >> WriteEstimates(out)
     p.run().wait_until_finish()
     seconds = time.perf_counter() - start
-    records = sorted(read_estimates(out), key=lambda r: int(r["key"]))
-    return seconds, np.array([np.nan if r["frequency"] is None else r["frequency"] for r in records])
+    by_key = {int(r["key"]): r["frequency"] for r in read_estimates(out)}
+    # in the order of the local runner's arrays: mechanism.estimate_keys (IOH: its chosen keys)
+    return seconds, np.array([np.nan if by_key[k] is None else by_key[k] for k in mechanism.estimate_keys])
 
 
 def run(config: BenchConfig, beam_args) -> dict:
