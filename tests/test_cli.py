@@ -96,7 +96,7 @@ def test_simulate_ratings_file_reports_row_accounting(tmp_path, capsys):
     out = tmp_path / "est.jsonl"
     assert cli.main(["simulate", "--mechanism", "pckv-grr", "--epsilon", "3", "--dataset", str(f),
                      "--rating-range", "1,5", "--key-dictionary", str(keys), "--seed", "2",
-                     "--output", str(out), "--padding", "3"]) == 0
+                     "--output", str(out), "--padding", "3", "--max-reject-rate", "0.2"]) == 0
     text = capsys.readouterr().out
     # 40 users with 7-8 rows over 7 items: some keys repeat, and are rejected, not dropped.
     line = next(x for x in text.splitlines() if x.startswith("rows read"))

@@ -25,6 +25,7 @@ from kvldp.mechanisms.query import (
     parse_query,
     true_conditional,
 )
+from kvldp.pipelines.units import path_arg
 
 
 @dataclasses.dataclass
@@ -101,7 +102,8 @@ def print_queries(counts_path: str, queries) -> list[dict]:
 
 
 def add_arguments(parser: argparse.ArgumentParser):
-    parser.add_argument("--counts", required=True, help="IOH counts file (OUTPUT.counts.avro of simulate/collect)")
+    parser.add_argument("--counts", required=True, type=path_arg,
+                        help="IOH counts file (OUTPUT.counts.avro of simulate/collect)")
     parser.add_argument("--target", required=True, help="the key asked about")
     parser.add_argument("--given", default="", help="conditions KEY=1 (holds) / KEY=0 (does not), comma-separated")
     parser.add_argument("--alpha", default=None, help="(alpha, beta) form: which keys are conditions, e.g. 101")

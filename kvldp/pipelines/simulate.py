@@ -17,6 +17,7 @@ from kvldp.pipelines.padding import resolve_padding
 from kvldp.pipelines.query import print_queries
 from kvldp.pipelines.report import read_text
 from kvldp.pipelines.sources import DataConfig
+from kvldp.pipelines.units import path_arg
 from kvldp.transforms.io import WriteEstimates
 from kvldp.transforms.ratings import write_dead_letters
 
@@ -25,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser):
     mechanism_args.add_mechanism_args(parser)
     sources.add_dataset_args(parser)
     sources.add_fast_rng_arg(parser)
-    parser.add_argument("--output", default=None, help="estimates file (.avro, .jsonl or .csv)")
+    parser.add_argument("--output", default=None, type=path_arg, help="estimates file (.avro, .jsonl or .csv)")
     parser.add_argument("--rows", type=int, default=10, help="keys shown in the table")
     parser.add_argument("--fanout", type=int, default=None, help="CombineGlobally fanout")
     parser.add_argument("--query", action="append", default=[],
@@ -58,6 +59,11 @@ def execute(config: SimulateConfig, beam_args) -> dict:
     ``l`` that ``--padding auto`` chose, before the run, and a ``WARNING:``
     on stderr, before or after the run, when ``l`` truncates many users."""
     data, chosen = config.data, config.mechanism
+    data.check_inputs()
+    if config.output:
+        sources.check_writable(config.output, "--output")
+    if config.output and not data.is_built_in:
+        sources.check_writable(data.dead_letter_path(config.output), "--dead-letter")
     seeds = sources.Seeds.of(data)
     dataset = sources.built_in_dataset(data, seeds.data)
     dictionary, set_sizes = (None, None) if dataset is not None else sources.key_dictionary_and_sizes(data, beam_args)
@@ -80,8 +86,9 @@ def execute(config: SimulateConfig, beam_args) -> dict:
     if ioh_keys is not None:
         ioh_counts_file(run["counts"], source.users, mechanism, source.key_names, counts_path)
     run["records"] | "WriteEstimates" >> WriteEstimates(output)
-    if source.dead_letter is not None:
-        write_dead_letters(source.dead_letter, data.dead_letter_path(output))
+    dead_letter = data.dead_letter_path(output) if source.dead_letter is not None else None
+    if dead_letter:
+        write_dead_letters(source.dead_letter, dead_letter)
     start = time.perf_counter()
     result = runner.run_pipeline(p)
     padding.after_run()                            # warns when l truncated too many users
@@ -90,7 +97,7 @@ def execute(config: SimulateConfig, beam_args) -> dict:
             "records": report.read_estimates(output), "n_users": getattr(dataset, "n_users", None),
             "protocol": json.loads(read_text(summary_path)) if mechanism.max_rounds > 1 else None,
             "counts_path": counts_path if ioh_keys is not None else None, "padding": padding.summary(),
-            "noise": noise_generator_name(seeds.perturb)}
+            "noise": noise_generator_name(seeds.perturb), "dead_letter": dead_letter}
 
 
 def run(config: SimulateConfig, beam_args) -> dict:
@@ -104,6 +111,7 @@ def run(config: SimulateConfig, beam_args) -> dict:
         print(f"rounds run: {info['rounds_run']} of at most {info['max_rounds']}; "
               f"epsilon spent per user: {info['epsilon_spent']:.6g} of {mechanism.epsilon:g}")
     runner.print_row_summary(stats)
+    config.data.check_reject_rate(stats, out["dead_letter"])
     report.print_table(records, config.rows)
     print(" ".join(f"{k}={v:.4g}" for k, v in summary.items()))
     print(f"estimates written to {out['output']}")

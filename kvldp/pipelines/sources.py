@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
 import re
 from collections.abc import Sequence
 
@@ -18,6 +19,7 @@ from kvldp.mechanisms.padding import merge_histograms, size_histogram
 from kvldp.mechanisms.randomness import SimulationSeed, fresh_seed
 from kvldp.pipelines import run_seed
 from kvldp.pipelines.runner import make_pipeline, read_array, save_array, scratch_path
+from kvldp.pipelines.units import path_arg
 from kvldp.transforms.ratings import DEAD_LETTER, ReadRatings
 
 DATASETS = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr", "clothing", "movielens-100k")
@@ -26,13 +28,13 @@ DATASETS = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr",
 def add_dataset_args(parser: argparse.ArgumentParser, default: str | None = "synthetic-uu"):
     parser.add_argument("--dataset", default=default,
                         help=f"one of {', '.join(DATASETS)}, or a ratings file/pattern (CSV, JSONL, Avro)")
-    parser.add_argument("--dataset-path", default=None, help="where the clothing .mat file is")
+    parser.add_argument("--dataset-path", default=None, type=path_arg, help="where the clothing .mat file is")
     parser.add_argument("--users", type=positive_int, default=1_000_000, help="synthetic users")
     parser.add_argument("--keys", type=positive_int, default=100, help="synthetic keys d")
     parser.add_argument("--seed", type=int, default=None,
                         help="run seed (simulations/tests: visible to anyone who sees the command line); "
                              "default: --seed-file, else $KVLDP_SEED, else fresh from the OS CSPRNG")
-    parser.add_argument("--seed-file", default=None,
+    parser.add_argument("--seed-file", default=None, type=path_arg,
                         help="file holding the run seed as 32 hex digits (`kvldp seed FILE` writes one): "
                              "a reproducible real run without the seed on the command line")
     parser.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="users per batch")
@@ -45,13 +47,30 @@ def add_dataset_args(parser: argparse.ArgumentParser, default: str | None = "syn
     ratings.add_argument("--rating-col", default="rating")
     ratings.add_argument("--rating-range", type=parse_range, default=(-1.0, 1.0),
                          help="lo,hi of the ratings (mapped onto [-1, 1]); default -1,1")
-    ratings.add_argument("--key-dictionary", default=None,
+    ratings.add_argument("--key-dictionary", default=None, type=path_arg,
                          help="file with one item id per line (index = key); default: the items in the data")
     ratings.add_argument("--shards", type=positive_int, default=16, help="user shards (= report batches) for files")
-    ratings.add_argument("--dead-letter", default=None,
+    ratings.add_argument("--max-reject-rate", type=fraction, default=DEFAULT_MAX_REJECT_RATE,
+                         help="the job fails (after writing its dead letter) when more than this share of the "
+                              f"rows is rejected (default {DEFAULT_MAX_REJECT_RATE:g}; 1 never fails)")
+    ratings.add_argument("--dead-letter", default=None, type=path_arg,
                          help="where rejected rows (raw values, with reasons) go; default "
                               "INPUT_DIR/kvldp-rejected/OUTPUT_NAME.rejected.jsonl, beside the raw data and "
                               "never beside reports or estimates")
+
+
+DEFAULT_MAX_REJECT_RATE = 0.05
+
+
+def fraction(text: str) -> float:
+    """A share in [0, 1], as an argparse ``type``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value:g}")
+    return value
 
 
 def positive_int(text: str) -> int:
@@ -100,6 +119,7 @@ class DataConfig:
     shards: int = 16                         # user shards (= report batches) of ratings files
     fast_rng: bool = False                   # simulations only: non-cryptographic noise (randomness.py)
     dead_letter: str | None = None           # rejected rows; None: dead_letter_path's default
+    max_reject_rate: float = DEFAULT_MAX_REJECT_RATE
 
     def __post_init__(self):
         for name in ("users", "keys", "batch_size", "shards"):
@@ -123,6 +143,8 @@ class DataConfig:
         given = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(cls)}
         found = run_seed.resolve(getattr(args, "seed", None), getattr(args, "seed_file", None))
         given.update(seed=found.value, seed_origin=found.origin)
+        if given.get("dataset") and given["dataset"] not in DATASETS:
+            given["dataset"] = path_arg(given["dataset"])      # a ratings file pattern
         given.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**{k: v for k, v in given.items() if v is not None})
 
@@ -136,10 +158,54 @@ class DataConfig:
         name = FileSystems.split(output.rstrip("/"))[1] or "output"
         return FileSystems.join(input_directory(self.dataset), "kvldp-rejected", name + ".rejected.jsonl")
 
+    def check_inputs(self) -> None:
+        """Before any pipeline: a ratings pattern must match a file, and a
+        given key dictionary must exist."""
+        if not self.is_built_in and not matches(self.dataset):
+            raise FileNotFoundError(f"--input {self.dataset!r} matches no file")
+        if self.key_dictionary and not FileSystems.exists(self.key_dictionary):
+            raise FileNotFoundError(f"--key-dictionary {self.key_dictionary} does not exist")
+
+    def check_reject_rate(self, stats: dict, dead_letter: str) -> None:
+        """After the run: fail when more than ``max_reject_rate`` of the rows
+        were rejected (the dead letter is written by then)."""
+        read, rejected = stats.get("rows_read", 0), stats.get("rows_rejected", 0)
+        if read and rejected / read > self.max_reject_rate:
+            raise TooManyRejected(
+                f"{rejected} of {read} rows rejected ({rejected / read:.1%}), more than --max-reject-rate "
+                f"{self.max_reject_rate:.1%}: the reasons are in {dead_letter}; fix the input (--rating-range, "
+                "--key-dictionary, columns) or raise --max-reject-rate")
+
     def read_ratings(self, dictionary: Sequence[str] | None) -> ReadRatings:
         """The transform reading this config's ratings files."""
         return ReadRatings(self.dataset, self.rating_range, dictionary, self.input_format,
                            self.user_col, self.item_col, self.rating_col, self.shards)
+
+
+class TooManyRejected(ValueError):
+    """A job that rejected more of its input than ``--max-reject-rate``."""
+
+
+def matches(pattern: str) -> bool:
+    """Whether a file pattern (local or any Beam filesystem) matches a file."""
+    try:
+        return bool(FileSystems.match([pattern])[0].metadata_list)
+    except Exception:          # Beam raises BeamIOError for a pattern under a missing directory
+        return False
+
+
+def check_writable(path: str, flag: str) -> None:
+    """Before any pipeline: the directory a local output goes to exists (it
+    is created) and is writable. Remote outputs are the runner's to check."""
+    if "://" in path:
+        return
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"{flag} {path}: cannot create {directory} ({err.strerror})") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: {directory} is not writable")
 
 
 def input_directory(pattern: str) -> str:

@@ -26,6 +26,7 @@ from kvldp.pipelines.graphs import collect_graph, ioh_counts_file
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.padding import padding_from_reports, resolve_padding
 from kvldp.pipelines.sources import DataConfig
+from kvldp.pipelines.units import path_arg
 from kvldp.schemas.records import broadcast_records, state_from_broadcast
 from kvldp.transforms.io import (
     ReadReports,
@@ -47,7 +48,7 @@ DERIVED_DICTIONARY_WARNING = (
 def add_round_arguments(parser: argparse.ArgumentParser):
     rounds = parser.add_argument_group("multi-round protocols (privkvm, privkvm-vi, privkvm-plus, ks-grr, ks-adap)")
     rounds.add_argument("--round", type=sources.positive_int, default=1, help="1-based round number")
-    rounds.add_argument("--broadcast", default=None,
+    rounds.add_argument("--broadcast", default=None, type=path_arg,
                         help="the broadcast file written by the previous round's collect (rounds >= 2)")
     return rounds
 
@@ -67,8 +68,9 @@ def add_perturb_arguments(parser: argparse.ArgumentParser, output_required: bool
         help="32 hex digits keying the users' group assignment: round 1 uses it (default: derived from the "
              "run seed), later rounds refuse a broadcast that carries another (default: they take the "
              "broadcast's)")
-    parser.add_argument("--input", dest="dataset_input", default=None, help="ratings file/pattern (= --dataset PATH)")
-    parser.add_argument("--output", required=output_required,
+    parser.add_argument("--input", dest="dataset_input", default=None, type=path_arg,
+                        help="ratings file/pattern (= --dataset PATH)")
+    parser.add_argument("--output", required=output_required, type=path_arg,
                         help="REPORTS.avro: writes REPORTS-NNNNN.avro (one per batch) and REPORTS.keys.txt"
                              + ("" if output_required else " (default: a scratch directory)"))
 
@@ -191,6 +193,11 @@ def perturb_state(config: PerturbConfig, protocol, seed: int, dataset, key_names
 
 def run_perturb(config: PerturbConfig, beam_args) -> dict:
     data, chosen, prefix = config.data, config.mechanism, config.prefix
+    data.check_inputs()
+    sources.check_writable(prefix + "-00000.avro", "--output")
+    dead_letter = None if data.is_built_in else data.dead_letter_path(prefix)
+    if dead_letter:
+        sources.check_writable(dead_letter, "--dead-letter")
     seeds = sources.Seeds.of(data)
     dataset = sources.built_in_dataset(data, seeds.data)
     dictionary, set_sizes = (None, None) if dataset is not None else sources.key_dictionary_and_sizes(data, beam_args)
@@ -209,13 +216,14 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
     (source.key_names | "JoinKeys" >> beam.Map("\n".join)
      | "WriteKeys" >> beam.io.WriteToText(prefix + ".keys.txt", num_shards=1, shard_name_template=""))
     if source.dead_letter is not None:
-        write_dead_letters(source.dead_letter, data.dead_letter_path(prefix))
+        write_dead_letters(source.dead_letter, dead_letter)
     if dictionary is not None and not data.key_dictionary:
         print(DERIVED_DICTIONARY_WARNING, file=sys.stderr)
     result = runner.run_pipeline(p)
     padding.after_run()                            # warns when l truncated too many users
     stats = runner.counters(result)
     runner.print_row_summary(stats)
+    data.check_reject_rate(stats, dead_letter)
     print(f"{stats.get('reports_written', 0)} reports of {mechanism!r}"
           f"{f' round {config.round}' if mechanism.max_rounds > 1 else ''} written to {prefix}-*.avro; "
           f"key dictionary {prefix}.keys.txt")
@@ -229,14 +237,14 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
 def add_collect_arguments(parser: argparse.ArgumentParser):
     mechanism_args.add_mechanism_args(parser)
     add_round_arguments(parser)
-    parser.add_argument("--input", required=True, help="report files, e.g. 'REPORTS*.avro'")
-    parser.add_argument("--key-dictionary", default=None, help="REPORTS.keys.txt written by perturb")
+    parser.add_argument("--input", required=True, type=path_arg, help="report files, e.g. 'REPORTS*.avro'")
+    parser.add_argument("--key-dictionary", default=None, type=path_arg, help="REPORTS.keys.txt written by perturb")
     parser.add_argument("--keys", type=sources.positive_int, default=None,
                         help="d, when keys are unnamed 0 … d-1")
-    parser.add_argument("--output", required=True, help="estimates file (.avro, .jsonl or .csv)")
-    parser.add_argument("--broadcast-out", default=None,
+    parser.add_argument("--output", required=True, type=path_arg, help="estimates file (.avro, .jsonl or .csv)")
+    parser.add_argument("--broadcast-out", default=None, type=path_arg,
                         help="multi-round: where to write this round's broadcast (default OUTPUT.broadcast.avro)")
-    parser.add_argument("--counts-out", default=None,
+    parser.add_argument("--counts-out", default=None, type=path_arg,
                         help="IOH: where to write the cell counts for kvldp query (default OUTPUT.counts.avro)")
     parser.add_argument("--rows", type=int, default=10)
     parser.add_argument("--fanout", type=int, default=None)
@@ -323,6 +331,10 @@ def write_broadcast(state, protocol, names, path: str):
 def run_collect(config: CollectConfig, beam_args) -> dict:
     found = report_config(config.input)    # every file's header, read once, before any compute
     names = collect_key_names(config)
+    for flag, path in (("--output", config.output), ("--broadcast-out", config.broadcast_out),
+                       ("--counts-out", config.counts_out)):
+        if path:
+            sources.check_writable(path, flag)
     chosen, ioh_keys = config.mechanism, None
     if chosen.takes_ioh_keys():
         # the chosen keys travel with the reports; --ioh-keys may restate them

@@ -30,7 +30,7 @@ from kvldp.mechanisms.protocol import Collection
 from kvldp.pipelines import mechanism_args, runner, sources, split
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.pubsub_admin import ensure_subscription
-from kvldp.pipelines.units import parse_duration, pubsub_path
+from kvldp.pipelines.units import parse_duration, path_arg, pubsub_path
 from kvldp.schemas import envelope
 from kvldp.transforms.direct_pubsub import responsive_pulls
 from kvldp.transforms.stream_rounds import ROUNDS, ChainRounds
@@ -64,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser):
                         help="projects/PROJECT/subscriptions/NAME the report messages arrive on")
     parser.add_argument("--subscribe-to", type=pubsub_path("topics"), default=None,
                         help="create --subscription on this topic (and the topic) if they do not exist")
-    parser.add_argument("--key-dictionary", default=None, help="REPORTS.keys.txt (the public key dictionary)")
+    parser.add_argument("--key-dictionary", default=None, type=path_arg,
+                        help="REPORTS.keys.txt (the public key dictionary)")
     parser.add_argument("--collection-id", type=split.collection_id, default=None,
                         help="multi-round protocols: the collection's id (printed by publish/perturb round 1)")
     parser.add_argument("--keys", type=sources.positive_int, default=None, help="d, when keys are unnamed 0 … d-1")
@@ -82,13 +83,14 @@ def add_arguments(parser: argparse.ArgumentParser):
     win.add_argument("--dedupe-horizon", type=parse_duration, default=3600.0,
                      help="a batch redelivered within this long is counted once (default 1h)")
     out = parser.add_argument_group("sinks (at least one of --output-dir, --output-topic)")
-    out.add_argument("--output-dir", default=None, help="one file per pane: estimates-START-END-paneNNN-TIMING.EXT")
+    out.add_argument("--output-dir", default=None, type=path_arg,
+                     help="one file per pane: estimates-START-END-paneNNN-TIMING.EXT")
     out.add_argument("--output-format", choices=PANE_FORMATS, default="jsonl")
     out.add_argument("--output-topic", type=pubsub_path("topics"), default=None,
                      help="one Avro message per pane (windowed_estimate.avsc)")
     out.add_argument("--broadcast-topic", type=pubsub_path("topics"), default=None,
                      help="multi-round protocols: each finalised round's broadcast (broadcast.avsc) for the devices")
-    out.add_argument("--dead-letter-dir", default=None, help="one JSON file per refused message")
+    out.add_argument("--dead-letter-dir", default=None, type=path_arg, help="one JSON file per refused message")
     out.add_argument("--dead-letter-topic", type=pubsub_path("topics"), default=None,
                      help="refused messages, unchanged, with kvldp_dead_reason/_detail attributes")
     run = parser.add_argument_group("running")

@@ -1,8 +1,9 @@
-"""Durations, instants and Pub/Sub resource names on the command line."""
+"""Durations, instants, paths and Pub/Sub resource names on the command line."""
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import re
 
 DURATION_PATTERN = r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d)?\s*$"
@@ -57,3 +58,16 @@ def pubsub_path(kind: str):
     parse.__name__ = kind
     parse.pattern = pubsub_pattern(kind)
     return parse
+
+
+def path_arg(text: str) -> str:
+    """A file, directory or pattern flag: a local one made absolute (``~``
+    expanded), a URL (``gs://…``) unchanged. Beam's local pattern matching
+    needs a directory part, so a bare ``'R-*.avro'`` run inside the reports'
+    directory matched nothing while ``./R-*.avro`` worked."""
+    text = str(text).strip()
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path")
+    if "://" in text:
+        return text
+    return os.path.abspath(os.path.expanduser(text))

@@ -1,0 +1,72 @@
+"""What an operator meets before and after a job (issue 16, first part): a
+bare relative pattern works, a missing input or an unwritable output is one
+line before any compute, and a job that rejects more than --max-reject-rate
+of its rows writes its dead letter and fails with the counts."""
+from __future__ import annotations
+
+import json
+
+from kvldp.pipelines import cli
+
+MECH = ["--mechanism", "pckv-grr", "--epsilon", "2"]
+
+
+def _ratings(path, n_good, n_bad):
+    rows = [f"u{u},i{u % 4},{1 + u % 5}" for u in range(n_good)]
+    rows += [f"b{u},i{u % 4},99" for u in range(n_bad)]          # out of --rating-range 1,5
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("user,item,rating\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_a_bare_relative_pattern_is_found(tmp_path, monkeypatch, capsys):
+    assert cli.main(["perturb", *MECH, "--users", "500", "--keys", "4", "--seed", "1",
+                     "--output", str(tmp_path / "rep" / "R.avro")]) == 0
+    monkeypatch.chdir(tmp_path / "rep")
+    capsys.readouterr()
+    assert cli.main(["collect", *MECH, "--input", "R-*.avro", "--key-dictionary", "R.keys.txt",
+                     "--output", "est.jsonl"]) == 0
+    assert "500 reports collected" in capsys.readouterr().out
+    assert len((tmp_path / "rep" / "est.jsonl").read_text().splitlines()) == 4
+
+
+def test_a_missing_input_is_one_line_before_any_compute(tmp_path, capsys):
+    for command in (["perturb", "--output", str(tmp_path / "R.avro")], ["simulate"]):
+        code = cli.main([*command, *MECH, "--input" if command[0] == "perturb" else "--dataset",
+                         str(tmp_path / "nothing-*.csv")])
+        err = capsys.readouterr().err
+        assert code == 2 and err.strip().count("\n") == 0, err
+        assert f"--input '{tmp_path}/nothing-*.csv' matches no file" in err
+    code = cli.main(["collect", *MECH, "--input", str(tmp_path / "R-*.avro"), "--keys", "4",
+                     "--output", str(tmp_path / "e.jsonl")])
+    assert code == 2 and "no report files match" in capsys.readouterr().err
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_any_compute(tmp_path, capsys):
+    ratings = _ratings(tmp_path / "raw" / "r.csv", 50, 0)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    code = cli.main(["perturb", *MECH, "--input", str(ratings), "--rating-range", "1,5",
+                     "--output", str(blocker / "rep" / "R.avro")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"--output {blocker}/rep/R-00000.avro: cannot create {blocker}/rep" in err, err
+    assert not (tmp_path / "raw" / "kvldp-rejected").exists()          # nothing ran
+
+
+def test_too_many_rejected_rows_fail_the_job_after_the_dead_letter(tmp_path, capsys):
+    ratings = _ratings(tmp_path / "raw" / "r.csv", 80, 20)             # 20 % rejected
+    out = tmp_path / "rep" / "R.avro"
+    code = cli.main(["perturb", *MECH, "--input", str(ratings), "--rating-range", "1,5", "--output", str(out)])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "rows read 100 = accepted 80 + rejected 20 [ok]" in captured.out
+    assert "20 of 100 rows rejected (20.0%), more than --max-reject-rate 5.0%" in captured.err
+    dead = tmp_path / "raw" / "kvldp-rejected" / "R.rejected.jsonl"
+    reasons = [json.loads(x)["reason"] for x in dead.read_text().splitlines()]
+    assert len(reasons) == 20 and all("outside the declared rating range" in r for r in reasons)
+    # the operator who accepts it says so
+    assert cli.main(["perturb", *MECH, "--input", str(ratings), "--rating-range", "1,5", "--output", str(out),
+                     "--max-reject-rate", "0.25"]) == 0
+    assert cli.main(["simulate", *MECH, "--dataset", str(ratings), "--rating-range", "1,5",
+                     "--output", str(tmp_path / "e.jsonl")]) == 2
+    assert "more than --max-reject-rate" in capsys.readouterr().err
