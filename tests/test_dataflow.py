@@ -107,14 +107,17 @@ class _UnpicklableDoFn(beam.PTransform):
 
 @pytest.mark.parametrize("defect, error", [(_DuplicateLabels, "already exists"),
                                            (_UnpicklableDoFn, "pickle")])
-def test_the_offline_build_catches_a_defective_graph(defect, error, reports, monkeypatch, tmp_path):
+def test_the_offline_build_catches_a_defective_graph(defect, error, reports, monkeypatch, capsys):
     real = split.WriteEstimates
     monkeypatch.setattr(split, "WriteEstimates", lambda *a, **k: _Chain(defect(), real(*a, **k)))
+    argv = ["collect", "--mechanism", "pckv-ue", "--epsilon", "2", "--input", str(reports / "pckv-ue" / "R-*.avro"),
+            "--key-dictionary", str(reports / "pckv-ue" / "R.keys.txt"), "--output", "gs://kvldp-offline/est.avro",
+            *OFFLINE]
+    assert cli.main(argv) == 1
+    assert error in capsys.readouterr().err
+    monkeypatch.setenv("KVLDP_DEBUG", "1")
     with pytest.raises(Exception, match=error):
-        cli.main(["collect", "--mechanism", "pckv-ue", "--epsilon", "2",
-                  "--input", str(reports / "pckv-ue" / "R-*.avro"),
-                  "--key-dictionary", str(reports / "pckv-ue" / "R.keys.txt"),
-                  "--output", "gs://kvldp-offline/est.avro", *OFFLINE])
+        cli.main(argv)
 
 
 class _Chain(beam.PTransform):

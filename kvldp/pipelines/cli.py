@@ -13,6 +13,7 @@ from kvldp.pipelines import (
     advise,
     bench,
     evaluate,
+    failures,
     portable,
     publish,
     query,
@@ -91,6 +92,7 @@ def subcommand_parser(top: argparse.ArgumentParser, command: str) -> argparse.Ar
 
 def main(argv=None) -> int:
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    failures.quiet_worker_tracebacks()
     top = parser()
     args, beam_args = top.parse_known_args(argv)
     try:
@@ -101,6 +103,12 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"kvldp {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except Exception as err:
+        if failures.debugging():
+            raise
+        print(f"kvldp {args.command}: failed: {failures.one_line(err)} (the full traceback: rerun with "
+              f"{failures.DEBUG_ENV}=1)", file=sys.stderr)
+        return 1
     return 0
 
 
