@@ -93,3 +93,20 @@ def test_a_worker_side_failure_is_one_line_naming_the_transform(tmp_path, capsys
     monkeypatch.setenv("KVLDP_DEBUG", "1")
     with pytest.raises(Exception, match=r"EOFError|Expected"):
         cli.main(argv)
+
+
+def test_users_whose_every_row_is_rejected_are_counted_not_silently_dropped(tmp_path, capsys):
+    rows = [f"u{u},i{(u + k) % 4},{1 + (u + k) % 5}" for u in range(60) for k in range(2)]
+    rows += ["gone1,i1,99", "gone1,i2,98", "gone2,i3,-7"]        # every row out of range
+    rows += ["twice,i1,2", "twice,i1,3"]                         # its one key held twice: both rejected
+    rows += ["u5,i0,77"]                                         # u5 keeps its good rows: not lost
+    ratings = tmp_path / "raw" / "r.csv"
+    ratings.parent.mkdir()
+    ratings.write_text("user,item,rating\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "est.jsonl"
+    assert cli.main(["simulate", *MECH, "--dataset", str(ratings), "--rating-range", "1,5", "--shards", "3",
+                     "--padding", "2", "--output", str(out), "--max-reject-rate", "0.1"]) == 0
+    text = capsys.readouterr().out
+    assert "rows read 126 = accepted 120 + rejected 6 [ok]" in text
+    assert "3 users had every row rejected: they send no report and are not in n" in text
+    assert {json.loads(x)["n_reports"] for x in out.read_text().splitlines()} == {60}

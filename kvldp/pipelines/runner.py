@@ -143,6 +143,10 @@ def print_row_summary(stats: dict[str, int], out=None):
     read, acc, rej = stats.get("rows_read", 0), stats.get("rows_accepted", 0), stats.get("rows_rejected", 0)
     status = "ok" if read == acc + rej else "MISMATCH"
     print(f"rows read {read} = accepted {acc} + rejected {rej} [{status}]", file=out)
+    lost = stats.get("users_all_rejected", 0)
+    if lost:
+        print(f"{lost} user{'s' if lost > 1 else ''} had every row rejected: they send no report and are not in "
+              "n (each frequency is a share of the users who report)", file=out)
 
 
 def save_array(array, path: str):

@@ -197,16 +197,21 @@ class ValidateAndShardFn(beam.DoFn):
                 chunk["source"], chunk["lines"][j], reasons[j],
                 {"user": chunk["users"][j], "item": chunk["items"][j], "rating": _finite_or_str(r[j])}))
         ok = ~bad
-        users = chunk["users"][ok]
         # hash each distinct user once: a chunk holds many rows per user
-        distinct, row_user = np.unique(users.astype(str), return_inverse=True)
-        shard = np.fromiter((stable_shard(u, self._shards) for u in distinct), dtype=np.int64,
-                            count=len(distinct))[row_user]
-        sub = {"source": chunk["source"], "lines": chunk["lines"][ok], "users": users, "items": chunk["items"][ok],
-               "keys": keys[ok], "values": normalise(r[ok], self._range)}
-        for s in np.unique(shard):
+        distinct, row_user = np.unique(chunk["users"].astype(str), return_inverse=True)
+        user_shard = np.fromiter((stable_shard(u, self._shards) for u in distinct), dtype=np.int64,
+                                 count=len(distinct))
+        shard = user_shard[row_user][ok]
+        sub = {"source": chunk["source"], "lines": chunk["lines"][ok], "users": chunk["users"][ok],
+               "items": chunk["items"][ok], "keys": keys[ok], "values": normalise(r[ok], self._range)}
+        # users with a rejected row travel to their shard too: there, a user none of whose rows
+        # survives is counted (it sends no report, so it is not in n)
+        touched = np.unique(row_user[bad])
+        for s in np.unique(user_shard[np.union1d(np.unique(row_user[ok]), touched)]):
             m = shard == s
-            yield int(s), {k: (v[m] if isinstance(v, np.ndarray) else v) for k, v in sub.items()}
+            out = {k: (v[m] if isinstance(v, np.ndarray) else v) for k, v in sub.items()}
+            out["rejected_users"] = distinct[touched[user_shard[touched] == s]]
+            yield int(s), out
 
 
 def _finite_or_str(x: float):
@@ -221,6 +226,7 @@ class AssembleUsersFn(beam.DoFn):
         self._accepted = Metrics.counter("kvldp", "rows_accepted")
         self._rejected = Metrics.counter("kvldp", "rows_rejected")
         self._users = Metrics.counter("kvldp", "users_assembled")
+        self._lost = Metrics.counter("kvldp", "users_all_rejected")
 
     def process(self, element):
         shard, chunks = element
@@ -248,6 +254,11 @@ class AssembleUsersFn(beam.DoFn):
         held_by = user_idx[keep]
         present = np.unique(held_by)
         self._users.inc(len(present))
+        seen = np.union1d(cat["users"].astype(str),
+                          np.concatenate([np.asarray(c.get("rejected_users", []), dtype=str) for c in chunks]))
+        self._lost.inc(len(seen) - len(present))
+        if not len(present):
+            return
         sizes = np.bincount(np.searchsorted(present, held_by), minlength=len(present))
         yield UserBatch(np.concatenate([[0], np.cumsum(sizes)]), cat["keys"][keep], cat["values"][keep],
                         batch_id=int(shard))
