@@ -164,7 +164,7 @@ def test_perturb_then_collect_through_gs(gcs, local_reference, capsys):
     assert (acc, rej) == (len(GOOD_ROWS), len(BAD_ROWS)), line
     names = _names(gcs, "rep/")
     reports = [n for n in names if n.startswith("rep/R-") and n.endswith(".avro")]
-    assert reports and set(names) == {*reports, "rep/R.keys.txt"}, names      # nothing raw beside the reports
+    assert reports and set(names) == {*reports, "rep/R.keys.txt", "rep/R.manifest.json"}, names  # nothing raw
     assert _lines(gcs, "rep/R.keys.txt") == ITEMS
     assert len(_lines(gcs, "kvldp-rejected/R.rejected.jsonl")) == len(BAD_ROWS)
 

@@ -76,6 +76,10 @@ class DryRunFinished(Exception):
     nothing ran. ``cli.main`` prints the message and exits 0."""
 
 
+def is_dry_run(beam_args: Sequence[str]) -> bool:
+    return bool(PipelineOptions(list(beam_args)).view_as(TestOptions).dry_run)
+
+
 def run_pipeline(p: beam.Pipeline, wait: bool = True):
     """``p.run()`` (and wait for it): with ``--dry_run`` the runner builds the
     job without submitting it and ``DryRunFinished`` says so, so no job goes

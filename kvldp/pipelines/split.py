@@ -21,7 +21,7 @@ from apache_beam.io.filesystems import FileSystems
 from kvldp import schemas
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms.protocol import Collection
-from kvldp.pipelines import mechanism_args, report, run_seed, runner, sources
+from kvldp.pipelines import manifest, mechanism_args, report, run_seed, runner, sources
 from kvldp.pipelines.graphs import collect_graph, ioh_counts_file
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.padding import padding_from_reports, resolve_padding
@@ -208,6 +208,9 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
     r = config.round - 1
     state = perturb_state(config, mechanism, seeds.perturb, dataset, key_names)
     round_cfg = round_config(mechanism, r, state.collection)
+    stale = [] if runner.is_dry_run(beam_args) else manifest.clear(prefix)     # a dry run touches no file
+    if stale:
+        print(f"removed {len(stale)} file(s) of an earlier run under {prefix}", file=sys.stderr)
     p = runner.make_pipeline(beam_args)
     source = sources.user_source(p, data, dataset, dictionary)
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
@@ -222,10 +225,12 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
     result = runner.run_pipeline(p)
     padding.after_run()                            # warns when l truncated too many users
     stats = runner.counters(result)
+    written = manifest.write_manifest(prefix, round_cfg, key_names)
     runner.print_row_summary(stats)
     data.check_reject_rate(stats, dead_letter)
-    print(f"{stats.get('reports_written', 0)} reports of {mechanism!r}"
-          f"{f' round {config.round}' if mechanism.max_rounds > 1 else ''} written to {prefix}-*.avro; "
+    print(f"{written['reports']} reports of {mechanism!r}"
+          f"{f' round {config.round}' if mechanism.max_rounds > 1 else ''} written to {prefix}-*.avro "
+          f"({len(written['files'])} files, listed in {manifest.manifest_path(prefix)}); "
           f"key dictionary {prefix}.keys.txt")
     if mechanism.group_shares is not None and config.round == 1:
         cid = state.collection.id
@@ -248,6 +253,13 @@ def add_collect_arguments(parser: argparse.ArgumentParser):
                         help="IOH: where to write the cell counts for kvldp query (default OUTPUT.counts.avro)")
     parser.add_argument("--rows", type=int, default=10)
     parser.add_argument("--fanout", type=int, default=None)
+    delivery = parser.add_argument_group("the delivery (checked against PREFIX.manifest.json written by perturb)")
+    delivery.add_argument("--allow-partial", action="store_true",
+                          help="collect the report files present when some the manifest lists are missing "
+                               "(and say which)")
+    delivery.add_argument("--no-manifest", dest="require_manifest", action="store_false",
+                          help="collect report files that come without a manifest (not written by kvldp "
+                               "perturb), unchecked")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,6 +280,8 @@ class CollectConfig:
     counts_out: str | None = None
     rows: int = 10
     fanout: int | None = None
+    allow_partial: bool = False
+    require_manifest: bool = True
 
     def __post_init__(self):
         if not self.key_dictionary and not self.keys:
@@ -276,7 +290,8 @@ class CollectConfig:
     @classmethod
     def from_args(cls, args) -> CollectConfig:
         return cls(MechanismConfig.from_args(args), args.input, args.output, args.round, args.broadcast,
-                   args.key_dictionary, args.keys, args.broadcast_out, args.counts_out, args.rows, args.fanout)
+                   args.key_dictionary, args.keys, args.broadcast_out, args.counts_out, args.rows, args.fanout,
+                   args.allow_partial, args.require_manifest)
 
 
 def reports_collection(pattern: str, found: dict) -> Collection:
@@ -331,6 +346,8 @@ def write_broadcast(state, protocol, names, path: str):
 def run_collect(config: CollectConfig, beam_args) -> dict:
     found = report_config(config.input)    # every file's header, read once, before any compute
     names = collect_key_names(config)
+    for note in manifest.check_delivery(config.input, names, config.allow_partial, config.require_manifest):
+        print(note, file=sys.stderr)
     for flag, path in (("--output", config.output), ("--broadcast-out", config.broadcast_out),
                        ("--counts-out", config.counts_out)):
         if path:

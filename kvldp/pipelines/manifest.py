@@ -1,0 +1,149 @@
+"""The reports' manifest: what ``perturb`` wrote, so ``collect`` can tell a
+complete delivery from a partial, stale, truncated or foreign one.
+
+``perturb`` writes ``PREFIX.manifest.json`` beside ``PREFIX-NNNNN.avro``
+after its pipeline finished: every report file with its size, SHA-256 and
+record count, the reports' public configuration, and the SHA-256 of the key
+dictionary (the names in index order, one per line). ``collect`` groups the
+files its ``--input`` matches by prefix and checks each group against that
+prefix's manifest before any compute:
+
+- a listed file that is missing (``--allow-partial`` collects the rest and
+  says which are missing),
+- a matched file the manifest does not list (a stale file of an earlier run,
+  a file of another run under the same prefix),
+- a file whose size or hash differs (truncated in transfer, edited),
+- a key dictionary that is not the one the reports were made with (a
+  reordered or edited dictionary silently relabels every key).
+
+The manifest holds nothing the reports do not: counts per file and public
+parameters (``docs/threat-model.md``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+
+import fastavro
+from apache_beam.io.filesystems import FileSystems
+
+FORMAT = "kvldp-reports-manifest/1"
+_BATCH_FILE = re.compile(r"^(?P<prefix>.*)-(?P<batch>\d{5,})\.avro$")
+
+
+class ManifestMismatch(ValueError):
+    """The report files do not match what perturb wrote."""
+
+
+def manifest_path(prefix: str) -> str:
+    return prefix + ".manifest.json"
+
+
+def dictionary_fingerprint(names: Sequence[str]) -> str:
+    return hashlib.sha256("\n".join(map(str, names)).encode("utf-8")).hexdigest()
+
+
+def file_digest(path: str) -> dict:
+    """Name, size and SHA-256 of one file."""
+    digest, size = hashlib.sha256(), 0
+    with FileSystems.open(path) as fh:
+        while chunk := fh.read(1 << 22):
+            digest.update(chunk)
+            size += len(chunk)
+    return {"name": FileSystems.split(path)[1], "bytes": size, "sha256": digest.hexdigest()}
+
+
+def describe_file(path: str) -> dict:
+    """``file_digest`` and the number of reports (from the Avro blocks' headers)."""
+    with FileSystems.open(path) as fh:
+        records = sum(block.num_records for block in fastavro.block_reader(fh))
+    return {**file_digest(path), "records": records}
+
+
+def batch_files(prefix: str) -> list[str]:
+    """The ``PREFIX-NNNNN.avro`` files that exist now."""
+    matched = FileSystems.match([prefix + "-*.avro"])[0].metadata_list
+    return sorted(m.path for m in matched if (b := _BATCH_FILE.match(m.path)) and b["prefix"] == prefix)
+
+
+def clear(prefix: str) -> list[str]:
+    """Delete an earlier run's report files and manifest under ``prefix``
+    (a run owns its prefix, as Beam's file sinks own theirs); returns them."""
+    stale = batch_files(prefix) + ([manifest_path(prefix)] if FileSystems.exists(manifest_path(prefix)) else [])
+    if stale:
+        FileSystems.delete(stale)
+    return stale
+
+
+def write_manifest(prefix: str, config: dict, key_names: Sequence[str]) -> dict:
+    """Describe every ``PREFIX-NNNNN.avro`` this run wrote (the pipeline has
+    finished) in ``PREFIX.manifest.json``; returns the manifest."""
+    files = batch_files(prefix)
+    manifest = {"format": FORMAT, "config": json.loads(json.dumps(dict(config))),
+                "key_dictionary_sha256": dictionary_fingerprint(key_names), "keys": len(key_names),
+                "files": [describe_file(f) for f in files]}
+    manifest["reports"] = sum(f["records"] for f in manifest["files"])
+    with FileSystems.create(manifest_path(prefix)) as fh:
+        fh.write(json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
+    return manifest
+
+
+def read_manifest(prefix: str) -> dict | None:
+    path = manifest_path(prefix)
+    if not FileSystems.exists(path):
+        return None
+    with FileSystems.open(path) as fh:
+        manifest = json.loads(fh.read().decode("utf-8"))
+    if manifest.get("format") != FORMAT:
+        raise ManifestMismatch(f"{path} is not a kvldp reports manifest ({FORMAT})")
+    return manifest
+
+
+def check_delivery(pattern: str, key_names: Sequence[str], allow_partial: bool = False,
+                   require: bool = True) -> list[str]:
+    """Check the files ``pattern`` matches against their prefixes' manifests;
+    returns notes for the operator (what ``allow_partial`` let through).
+    Raises ``ManifestMismatch`` naming the first problem's files."""
+    matched = sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+    groups: dict[str, list[str]] = {}
+    for path in matched:
+        m = _BATCH_FILE.match(path)
+        groups.setdefault(m["prefix"] if m else path, []).append(path)
+    notes, fingerprint = [], dictionary_fingerprint(key_names)
+    for prefix, paths in sorted(groups.items()):
+        manifest = read_manifest(prefix)
+        if manifest is None:
+            if require:
+                raise ManifestMismatch(
+                    f"no manifest {manifest_path(prefix)} for {len(paths)} report file(s): they were not written "
+                    "by kvldp perturb (or it did not finish); pass --no-manifest to collect them unchecked")
+            notes.append(f"{prefix}-*.avro: no manifest, collected unchecked")
+            continue
+        if manifest["key_dictionary_sha256"] != fingerprint:
+            raise ManifestMismatch(
+                f"the key dictionary is not the one {prefix}-*.avro were made with ({manifest['keys']} keys, "
+                f"sha256 {manifest['key_dictionary_sha256'][:16]}…; given {len(key_names)} keys, "
+                f"sha256 {fingerprint[:16]}…): an edited or reordered dictionary relabels every key; "
+                f"use {prefix}.keys.txt")
+        listed = {f["name"]: f for f in manifest["files"]}
+        present = {FileSystems.split(p)[1]: p for p in paths}
+        extra = sorted(set(present) - set(listed))
+        if extra:
+            raise ManifestMismatch(f"{', '.join(extra)} match {pattern!r} but {manifest_path(prefix)} does not "
+                                   "list them: stale files of an earlier run, or another run's; remove them")
+        for name in sorted(present):
+            found = file_digest(present[name])
+            if (found["bytes"], found["sha256"]) != (listed[name]["bytes"], listed[name]["sha256"]):
+                raise ManifestMismatch(f"{present[name]} is not the file perturb wrote ({found['bytes']} bytes, "
+                                       f"{listed[name]['bytes']} expected): truncated or edited")
+        missing = sorted(set(listed) - set(present))
+        if missing:
+            lost = sum(listed[n]["records"] for n in missing)
+            text = (f"{len(missing)} of {len(listed)} report files of {prefix} are missing "
+                    f"({', '.join(missing)}; {lost} of {manifest['reports']} reports)")
+            if not allow_partial:
+                raise ManifestMismatch(text + ": pass --allow-partial to collect the rest")
+            notes.append("PARTIAL: " + text)
+    return notes
