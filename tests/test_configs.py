@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 from pathlib import Path
 
 import numpy as np
@@ -93,7 +94,7 @@ def test_for_cell_keeps_what_each_mechanism_declares():
 def test_the_cli_fills_configs_from_flags_and_presets(tmp_path):
     _, perturb, _ = cli.configure(["perturb", "--mechanism", "pckv-ue", "--epsilon", "1", "--input", "r.csv",
                                    "--rating-range", "1,5", "--output", str(tmp_path / "R.avro")])
-    assert perturb.data.dataset == "r.csv" and perturb.data.rating_range == (1.0, 5.0)
+    assert perturb.data.dataset == os.path.abspath("r.csv") and perturb.data.rating_range == (1.0, 5.0)
     assert perturb.prefix == str(tmp_path / "R") and not perturb.data.is_built_in
     _, sweep, _ = cli.configure(["evaluate", "--preset", "sun-fig1", "--repeats", "1", "--out", str(tmp_path)])
     assert sweep.data.users == 100_000 and sweep.repeats == 1 and sweep.top_sets == (20,)
