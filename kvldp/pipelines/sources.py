@@ -3,6 +3,7 @@ dictionary, the seeds, and the ingest-side pre-passes over the raw data."""
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import functools
 import os
@@ -20,7 +21,7 @@ from kvldp.mechanisms.randomness import SimulationSeed, fresh_seed
 from kvldp.pipelines import run_seed
 from kvldp.pipelines.runner import make_pipeline, read_array, save_array, scratch_path
 from kvldp.pipelines.units import path_arg
-from kvldp.transforms.ratings import DEAD_LETTER, ReadRatings
+from kvldp.transforms.ratings import DEAD_LETTER, RatingsFormat, ReadRatings
 
 DATASETS = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr", "clothing", "movielens-100k")
 
@@ -42,9 +43,22 @@ def add_dataset_args(parser: argparse.ArgumentParser, default: str | None = "syn
                         help="bootstrap a real dataset's users up to N (labelled in the output)")
     ratings = parser.add_argument_group("ratings files")
     ratings.add_argument("--input-format", choices=("csv", "jsonl", "avro"), default=None)
-    ratings.add_argument("--user-col", default="user")
-    ratings.add_argument("--item-col", default="item")
-    ratings.add_argument("--rating-col", default="rating")
+    ratings.add_argument("--user-col", default="user", help="the column of user ids (default user)")
+    ratings.add_argument("--item-col", default="item", help="the column of item ids (default item)")
+    ratings.add_argument("--rating-col", default="rating", help="the column of ratings (default rating)")
+    ratings.add_argument("--delimiter", type=delimiter_arg, default=",",
+                         help="CSV field separator: one character, or tab (default ,)")
+    ratings.add_argument("--encoding", default="utf-8",
+                         help="text encoding of CSV/JSONL files (default utf-8); a row with bytes it cannot "
+                              "decode goes to the dead letter")
+    header = ratings.add_mutually_exclusive_group()
+    header.add_argument("--has-header", dest="header", action="store_true", default=True,
+                        help="the first CSV row names the columns (the default)")
+    header.add_argument("--no-header", dest="header", action="store_false",
+                        help="the first CSV row is data: columns are named by --column-names, by default "
+                             "user,item,rating then their 0-based positions")
+    ratings.add_argument("--column-names", type=names_arg, default=None,
+                         help="comma-separated names of a headerless CSV file's columns")
     ratings.add_argument("--rating-range", type=parse_range, default=(-1.0, 1.0),
                          help="lo,hi of the ratings (mapped onto [-1, 1]); default -1,1")
     ratings.add_argument("--key-dictionary", default=None, type=path_arg,
@@ -84,6 +98,22 @@ def positive_int(text: str) -> int:
     return value
 
 
+def delimiter_arg(text: str) -> str:
+    """``--delimiter``: one character; ``tab`` or ``\\t`` for a tab."""
+    text = {"tab": "\t", "\\t": "\t"}.get(text, text)
+    if len(text) != 1:
+        raise argparse.ArgumentTypeError(f"must be one character (or tab), got {text!r}")
+    return text
+
+
+def names_arg(text: str) -> tuple[str, ...]:
+    """A comma-separated list of column names."""
+    names = tuple(n.strip() for n in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"an empty column name in {text!r}")
+    return names
+
+
 def parse_range(text: str) -> tuple[float, float]:
     """``--rating-range``: ``"lo,hi"`` with ``lo < hi``."""
     try:
@@ -114,6 +144,10 @@ class DataConfig:
     user_col: str = "user"
     item_col: str = "item"
     rating_col: str = "rating"
+    delimiter: str = ","
+    encoding: str = "utf-8"
+    header: bool = True                      # the first CSV row names the columns
+    column_names: tuple[str, ...] | None = None   # a headerless CSV file's columns
     rating_range: tuple[float, float] = (-1.0, 1.0)
     key_dictionary: str | None = None        # one item id per line; None: derived from the data
     shards: int = 16                         # user shards (= report batches) of ratings files
@@ -131,6 +165,12 @@ class DataConfig:
         if not lo < hi:
             raise ValueError(f"--rating-range needs lo < hi, got {self.rating_range}")
         object.__setattr__(self, "rating_range", (float(lo), float(hi)))
+        self.ratings_format        # checks the file-format flags when the config is built
+
+    @property
+    def ratings_format(self) -> RatingsFormat:
+        return RatingsFormat(self.input_format, self.user_col, self.item_col, self.rating_col, self.delimiter,
+                             self.encoding, self.header, self.column_names)
 
     @property
     def is_built_in(self) -> bool:
@@ -161,8 +201,12 @@ class DataConfig:
     def check_inputs(self) -> None:
         """Before any pipeline: a ratings pattern must match a file, and a
         given key dictionary must exist."""
-        if not self.is_built_in and not matches(self.dataset):
-            raise FileNotFoundError(f"--input {self.dataset!r} matches no file")
+        if not self.is_built_in:
+            files = matched(self.dataset)
+            if not files:
+                raise FileNotFoundError(f"--input {self.dataset!r} matches no file")
+            for path in files:
+                self.ratings_format.check_file(path)
         if self.key_dictionary and not FileSystems.exists(self.key_dictionary):
             raise FileNotFoundError(f"--key-dictionary {self.key_dictionary} does not exist")
 
@@ -178,20 +222,24 @@ class DataConfig:
 
     def read_ratings(self, dictionary: Sequence[str] | None) -> ReadRatings:
         """The transform reading this config's ratings files."""
-        return ReadRatings(self.dataset, self.rating_range, dictionary, self.input_format,
-                           self.user_col, self.item_col, self.rating_col, self.shards)
+        return ReadRatings(self.dataset, self.rating_range, dictionary, self.ratings_format, self.shards)
 
 
 class TooManyRejected(ValueError):
     """A job that rejected more of its input than ``--max-reject-rate``."""
 
 
+def matched(pattern: str) -> list[str]:
+    """The files a pattern (local or any Beam filesystem) matches."""
+    try:
+        return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+    except Exception:          # Beam raises BeamIOError for a pattern under a missing directory
+        return []
+
+
 def matches(pattern: str) -> bool:
     """Whether a file pattern (local or any Beam filesystem) matches a file."""
-    try:
-        return bool(FileSystems.match([pattern])[0].metadata_list)
-    except Exception:          # Beam raises BeamIOError for a pattern under a missing directory
-        return False
+    return bool(matched(pattern))
 
 
 def check_writable(path: str, flag: str) -> None:
@@ -218,10 +266,16 @@ def input_directory(pattern: str) -> str:
 
 
 def read_dictionary(path: str) -> list[str]:
+    """A key dictionary: one item id per line (UTF-8), index = key. Ids are
+    kept exactly, whitespace included (stripping it made ``"A"`` and ``"A "``
+    one key); only the line terminators (``\\n``, ``\\r\\n``) and empty lines go."""
     with FileSystems.open(path) as fh:
-        names = [line.strip() for line in fh.read().decode("utf-8").splitlines() if line.strip()]
+        text = fh.read().decode("utf-8")
+    names = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+    names = [name for name in names if name]
     if len(set(names)) != len(names):
-        raise ValueError(f"key dictionary {path} lists a key twice")
+        twice = sorted(name for name, count in collections.Counter(names).items() if count > 1)[:3]
+        raise ValueError(f"key dictionary {path} lists a key twice: {', '.join(map(repr, twice))}")
     if not names:
         raise ValueError(f"key dictionary {path} is empty")
     return names

@@ -11,7 +11,9 @@ Raw values appear in dead letters: this module never runs on the collector.
 """
 from __future__ import annotations
 
+import codecs
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -22,6 +24,7 @@ import apache_beam as beam
 import fastavro
 import numpy as np
 from apache_beam.io import fileio
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE, UserBatch
@@ -71,20 +74,119 @@ def _dead(source: str, line, reason: str, row) -> dict:
     return {"source": source, "line": int(line), "reason": reason, "row": row}
 
 
-class ParseRatingFileFn(beam.DoFn):
-    """``ReadableFile -> chunks of parsed rows`` (+ malformed rows to dead letter)."""
+@dataclasses.dataclass(frozen=True)
+class RatingsFormat:
+    """How ratings files are read: the format (``None``: from the file
+    name), which columns hold the user, item and rating, and for text files
+    the encoding; for CSV the delimiter and whether the first row is a
+    header. Without a header the columns are named ``column_names`` (by
+    default ``user,item,rating`` for the first three, then their 0-based
+    positions), so a headerless ``u,i,r`` file needs only ``header=False``.
 
-    def __init__(self, fmt: str | None, user_col: str, item_col: str, rating_col: str):
-        self._fmt, self._cols = fmt, (user_col, item_col, rating_col)
+    Item ids are kept exactly as written (whitespace included: ``"A"`` and
+    ``"A "`` are two items); an id holding a line break is rejected, since
+    the key dictionary holds one id per line."""
+
+    fmt: str | None = None
+    user_col: str = "user"
+    item_col: str = "item"
+    rating_col: str = "rating"
+    delimiter: str = ","
+    encoding: str = "utf-8"
+    header: bool = True
+    column_names: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        if self.fmt is not None:
+            format_of("", self.fmt)
+        if len(self.delimiter) != 1 or self.delimiter in "\r\n\"":
+            raise ValueError(f"--delimiter must be one character other than a quote or line break, "
+                             f"got {self.delimiter!r}")
+        try:
+            codecs.lookup(self.encoding)
+        except LookupError:
+            raise ValueError(f"--encoding {self.encoding!r} is not an encoding Python knows") from None
+        if self.column_names is not None:
+            object.__setattr__(self, "column_names", tuple(self.column_names))
+            if len(set(self.column_names)) != len(self.column_names):
+                raise ValueError(f"--column-names names a column twice: {','.join(self.column_names)}")
+        if len({self.user_col, self.item_col, self.rating_col}) != 3:
+            raise ValueError("--user-col, --item-col and --rating-col must name three different columns")
+
+    @property
+    def columns(self) -> tuple[str, str, str]:
+        return self.user_col, self.item_col, self.rating_col
+
+    def headerless_names(self, width: int) -> list[str]:
+        """The names of a headerless file's ``width`` columns."""
+        if self.column_names is not None:
+            return list(self.column_names)
+        return ["user", "item", "rating", *map(str, range(3, width))][:max(width, 3)]
+
+    def check_columns(self, names: list[str], path: str):
+        """Refuse a CSV file whose header (or headerless names) lacks a column, saying which flag fixes it."""
+        missing = [c for c in self.columns if c not in names]
+        if not missing:
+            return
+        hint = "set --user-col/--item-col/--rating-col"
+        if self.header:
+            hint += ", or --no-header if the first row is data"
+        if len(names) == 1 and any(sep in names[0] for sep in ";\t|,"):
+            hint += f", or --delimiter (the {'header' if self.header else 'first row'} has one column)"
+        what = "CSV header" if self.header else "headerless CSV columns"
+        raise ValueError(f"{path}: {what} {names} lacks column(s) {missing}: {hint}")
+
+    def check_file(self, path: str):
+        """Before any pipeline: a CSV file's first row (its header, or its
+        first data row) has the columns asked for."""
+        if format_of(path, self.fmt) != "csv":
+            return
+        with FileSystems.open(path) as fh:
+            first = next(ParseRatingFileFn(self)._csv_rows(fh), None)
+        if first is None or isinstance(first[1], _Bad):
+            return                            # empty, or a bad first row: the parse reports it
+        row = first[1]
+        if _undecodable("".join(row)):
+            if self.header:
+                raise ValueError(f"{path}: the header row cannot be read as {self.encoding}; set --encoding")
+            return
+        names = [h.strip().lstrip("\ufeff") for h in row] if self.header else self.headerless_names(len(row))
+        self.check_columns(names, path)
+
+
+UNDECODABLE = "undecodable bytes"
+
+
+def _undecodable(text: str) -> bool:
+    """Whether ``text`` (decoded with ``surrogateescape``) held bytes its
+    encoding could not decode: they became lone surrogates U+DC80..U+DCFF."""
+    return any("\udc80" <= ch <= "\udcff" for ch in text)
+
+
+def _shown(text: str, encoding: str) -> str:
+    """``text`` with its undecodable bytes as ``\\xNN`` escapes (for a dead letter)."""
+    return text.encode(encoding, "surrogateescape").decode(encoding, "backslashreplace")
+
+
+class ParseRatingFileFn(beam.DoFn):
+    """``ReadableFile -> chunks of parsed rows`` (+ malformed rows to dead letter).
+
+    Text is decoded with ``surrogateescape``, so a byte the encoding cannot
+    decode rejects its row (``undecodable bytes``) instead of aborting the
+    file, and rows in = accepted + rejected still holds."""
+
+    def __init__(self, ratings_format: RatingsFormat):
+        self._format = ratings_format
+        self._cols = ratings_format.columns
         self._read = Metrics.counter("kvldp", "rows_read")
         self._rejected = Metrics.counter("kvldp", "rows_rejected")
 
     def process(self, readable):
         path = readable.metadata.path
-        fmt = format_of(path, self._fmt)
+        fmt = format_of(path, self._format.fmt)
         chunk = _Chunk(path)
         with readable.open() as fh:
-            rows = {"csv": self._csv, "jsonl": self._jsonl, "avro": self._avro}[fmt](fh)
+            rows = {"csv": self._csv, "jsonl": self._jsonl, "avro": self._avro}[fmt](fh, path)
             for line, row in rows:
                 self._read.inc()
                 if isinstance(row, _Bad):      # a reason: the row is malformed
@@ -103,33 +205,68 @@ class ParseRatingFileFn(beam.DoFn):
         if u is None or i is None or r is None or u == "" or i == "":
             missing = [c for c, v in zip(self._cols, (u, i, r), strict=True) if v is None or v == ""]
             return ("malformed row: missing " + ", ".join(missing), _printable(record))
+        if isinstance(i, str) and ("\n" in i or "\r" in i):
+            return ("malformed row: the item id holds a line break", _printable(record))
         try:
             rating = float(r)
         except (TypeError, ValueError):
             return ("malformed row: rating is not a number", _printable(record))
         return (u, i, rating)
 
-    def _csv(self, fh):
-        text = io.TextIOWrapper(fh, encoding="utf-8", newline="")
-        reader = csv.reader(text)
-        header = next(reader, None)
-        if header is None:
-            return
-        missing = [c for c in self._cols if c not in header]
-        if missing:
-            raise ValueError(f"CSV header {header} lacks column(s) {missing}; set --user-col/--item-col/--rating-col")
-        idx = [header.index(c) for c in self._cols]
-        for line, row in enumerate(reader, start=2):
+    def _text(self, fh, newline=None):
+        return io.TextIOWrapper(fh, encoding=self._format.encoding, errors="surrogateescape", newline=newline)
+
+    def _csv_rows(self, fh):
+        """``(line, fields)`` of a CSV file, or ``(line, _Bad)`` for a row
+        the CSV parser refuses (it goes on with the next line)."""
+        reader = csv.reader(self._text(fh, newline=""), delimiter=self._format.delimiter)
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as err:
+                yield reader.line_num, _bad(f"malformed row: {err}", "")
+                continue
+            yield reader.line_num, row
+
+    def _csv(self, fh, path: str):
+        enc = self._format.encoding
+        rows = self._csv_rows(fh)
+        names = None
+        if self._format.header:
+            first = next(rows, None)
+            if first is None:
+                return
+            line, header = first
+            if isinstance(header, _Bad) or _undecodable("".join(header)):
+                raise ValueError(f"{path}: the header row cannot be read as {enc} CSV; set --encoding")
+            names = [h.strip().lstrip("\ufeff") for h in header]
+            self._format.check_columns(names, path)
+        for line, row in rows:
+            if isinstance(row, _Bad):
+                yield line, row
+                continue
             if not row:
                 continue
-            if len(row) != len(header):
-                yield line, _bad(f"malformed row: {len(row)} fields, header has {len(header)}", row)
+            if _undecodable("".join(row)):
+                yield line, _bad(f"{UNDECODABLE} (not {enc}; set --encoding)", [_shown(x, enc) for x in row])
                 continue
-            yield line, _unbad(self._fields({c: row[j] for c, j in zip(self._cols, idx, strict=True)}))
+            if names is None:
+                names = self._format.headerless_names(len(row))
+                self._format.check_columns(names, path)
+            if len(row) != len(names):
+                yield line, _bad(f"malformed row: {len(row)} fields, {len(names)} expected", row)
+                continue
+            yield line, _unbad(self._fields(dict(zip(names, row, strict=True))))
 
-    def _jsonl(self, fh):
-        for line, raw in enumerate(io.TextIOWrapper(fh, encoding="utf-8"), start=1):
+    def _jsonl(self, fh, path: str):
+        enc = self._format.encoding
+        for line, raw in enumerate(self._text(fh), start=1):
             if not raw.strip():
+                continue
+            if _undecodable(raw):
+                yield line, _bad(f"{UNDECODABLE} (not {enc}; set --encoding)", _shown(raw.rstrip("\n"), enc))
                 continue
             try:
                 record = json.loads(raw)
@@ -141,7 +278,7 @@ class ParseRatingFileFn(beam.DoFn):
                 continue
             yield line, _unbad(self._fields(record))
 
-    def _avro(self, fh):
+    def _avro(self, fh, path: str):
         for line, record in enumerate(fastavro.reader(fh), start=1):
             yield line, _unbad(self._fields(record))
 
@@ -273,15 +410,12 @@ class ReadRatings(beam.PTransform):
     """
 
     def __init__(self, pattern: str, rating_range=(-1.0, 1.0), key_dictionary: Sequence[str] | None = None,
-                 fmt: str | None = None, user_col: str = "user", item_col: str = "item",
-                 rating_col: str = "rating", shards: int = 16, label: str | None = None):
+                 ratings_format: RatingsFormat = RatingsFormat(), shards: int = 16, label: str | None = None):
         super().__init__(label)
         if shards < 1:
             raise ValueError("shards must be >= 1")
-        if fmt is not None:
-            format_of(pattern, fmt)
         self._pattern, self._range, self._dictionary = pattern, tuple(rating_range), key_dictionary
-        self._parse = ParseRatingFileFn(fmt, user_col, item_col, rating_col)
+        self._parse = ParseRatingFileFn(ratings_format)
         self._shards = shards
         self._validate = ValidateAndShardFn(self._range, shards)
 
