@@ -113,3 +113,26 @@ def test_users_whose_every_row_is_rejected_are_counted_not_silently_dropped(tmp_
     assert "rows read 126 = accepted 120 + rejected 6 [ok]" in text
     assert "3 users had every row rejected: they send no report and are not in n" in text
     assert {json.loads(x)["n_reports"] for x in out.read_text().splitlines()} == {60}
+
+
+def test_jobs_leave_no_temporary_files_and_default_outputs_land_in_the_working_directory(
+        tmp_path, monkeypatch, capsys):
+    """Derived dictionaries, set-size histograms and padding pre-passes live
+    in scratch directories removed when the job ends (also when it fails);
+    simulate's estimates without --output go to the working directory."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    ratings = _ratings(tmp_path / "raw" / "r.csv", 60, 0)
+    assert cli.main(["perturb", *MECH, "--input", str(ratings), "--rating-range", "1,5", "--padding", "auto",
+                     "--output", str(tmp_path / "rep" / "R.avro")]) == 0
+    assert cli.main(["simulate", *MECH, "--users", "300", "--keys", "5", "--seed", "2"]) == 0
+    assert f"estimates written to {work}/estimates-pckv-grr-eps2.jsonl" in capsys.readouterr().out
+    assert len((work / "estimates-pckv-grr-eps2.jsonl").read_text().splitlines()) == 5
+    bad = _ratings(tmp_path / "raw2" / "r.csv", 10, 10)
+    assert cli.main(["simulate", *MECH, "--dataset", str(bad), "--rating-range", "1,5",
+                     "--output", str(tmp_path / "e.jsonl")]) == 2          # fails after its pre-pass
+    assert list(scratch.iterdir()) == []

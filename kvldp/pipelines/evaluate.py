@@ -9,8 +9,11 @@ and the MSEs over the keys it found, and whether the standard errors mean
 what they say: the coverage of ``raw estimate ± 1.96 s.e.`` over all keys, the
 keys with s.e. 0, and the keys left null (not estimable) or without an s.e.
 (null estimates are left out of the MSEs and counted apart). Cells run in
-parallel worker processes (``--parallel``); a rerun with the same ``--out``
-skips the cells ``results.csv`` already holds. ``--engine numpy`` runs each
+worker processes (``--parallel``); each finished cell is stored whole under
+a fingerprint of its parameters (``sweep``), so a rerun with the same
+``--out`` skips exactly the cells done with the same parameters, and
+``results.csv`` holds the current sweep's cells only. SIGINT/SIGTERM stop
+it within seconds, leaving no worker behind. ``--engine numpy`` runs each
 cell on the pure-NumPy local runner instead of a Beam pipeline (the same
 estimates for the same seed, several times faster; built-in datasets only).
 ``coverage.md`` tabulates the coverage per mechanism and epsilon.
@@ -18,11 +21,10 @@ estimates for the same seed, several times faster; built-in datasets only).
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as futures
 import copy
 import csv
 import dataclasses
-import multiprocessing
+import functools
 import os
 from pathlib import Path
 
@@ -31,7 +33,7 @@ from tqdm import tqdm
 
 from kvldp.mechanisms import metrics, registry
 from kvldp.mechanisms.local import run_local
-from kvldp.pipelines import figures, mechanism_args, simulate, sources
+from kvldp.pipelines import figures, mechanism_args, runner, simulate, sources, sweep
 from kvldp.pipelines.graphs import to_records
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.presets import PRESETS
@@ -134,14 +136,7 @@ class EvaluateConfig:
         return SimulateConfig(
             dataclasses.replace(self.data, seed=(self.data.seed or 0) + repeat),
             self.template.for_cell(name, eps, top=max(self.top_sets)),
-            output=os.path.join(out_dir, "runs", f"{name}_eps{eps:g}_r{repeat}.jsonl"))
-
-
-def done_cells(path: Path) -> set:
-    if not path.exists():
-        return set()
-    with open(path, newline="") as fh:
-        return {(r["mechanism"], float(r["epsilon"]), int(r["repeat"])) for r in csv.DictReader(fh)}
+            output=os.path.join(out_dir, "runs", f"{cell_name(cell)}.jsonl"))
 
 
 def _column(records, field):
@@ -253,30 +248,55 @@ def coverage_table(results_csv) -> str:
     return "\n".join(out) + "\n"
 
 
+def cell_parameters(config: EvaluateConfig, cell) -> dict:
+    """Everything that shapes one cell's rows: its simulation (data,
+    mechanism and options, seed) and how it is scored -- not where it is
+    written or how many cells run at once."""
+    sweep_wide = {"mechanisms", "epsilons", "repeats", "out", "parallel", "data", "template"}
+    scoring = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in sweep_wide}
+    return {"simulation": dataclasses.replace(config.cell(cell, ""), output=None), **scoring}
+
+
+def cell_name(cell) -> str:
+    name, eps, repeat = cell
+    return f"{name}_eps{eps:g}_r{repeat}"
+
+
+def run_cell_task(config: EvaluateConfig, beam_args, out_dir: str, cell) -> list[dict]:
+    """A worker's cell: its rows, its scratch files removed when it ends."""
+    with runner.scratch_scope():
+        return run_cell(cell, config, beam_args, out_dir)
+
+
 def run(config: EvaluateConfig, beam_args) -> dict:
     out_dir = Path(config.out)
     (out_dir / "runs").mkdir(parents=True, exist_ok=True)
+    store = sweep.CellStore(out_dir, FIELDS)
     results = out_dir / "results.csv"
-    finished = done_cells(results)
-    todo = [c for c in config.cells() if c not in finished]
-    print(f"{len(finished)} cells done, {len(todo)} to run ({','.join(config.mechanisms)} x eps "
-          f"{','.join(f'{e:g}' for e in config.epsilons)} x {config.repeats} repeats on {config.data.dataset})")
-    new_file = not results.exists()
-    with open(results, "a", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=FIELDS)
-        if new_file:
-            writer.writeheader()
-        if config.parallel > 1 and len(todo) > 1:
-            ctx = multiprocessing.get_context("spawn")
-            with futures.ProcessPoolExecutor(config.parallel, mp_context=ctx) as pool:
-                jobs = [pool.submit(run_cell, c, config, beam_args, str(out_dir)) for c in todo]
-                for job in tqdm(futures.as_completed(jobs), total=len(jobs), desc="cells", unit="run"):
-                    writer.writerows(job.result())
-                    fh.flush()
-        else:
-            for c in tqdm(todo, desc="cells", unit="run"):
-                writer.writerows(run_cell(c, config, beam_args, str(out_dir)))
-                fh.flush()
+    cells = {cell: sweep.fingerprint(cell_parameters(config, cell)) for cell in config.cells()}
+    wanted = [(cell_name(c), fp) for c, fp in cells.items()]
+    todo = [c for c, fp in cells.items() if not store.done(cell_name(c), fp)]
+    others = store.others({store.path(*w) for w in wanted})
+    print(f"{len(cells) - len(todo)} cells done, {len(todo)} to run ({','.join(config.mechanisms)} x eps "
+          f"{','.join(f'{e:g}' for e in config.epsilons)} x {config.repeats} repeats on {config.data.dataset})"
+          + (f"; {others} cells of other parameters in {store.directory} are left out" if others else ""))
+    progress = tqdm(total=len(todo), desc="cells", unit="run")
+
+    def finished(cell, rows):
+        store.write(cell_name(cell), cells[cell], rows)
+        sweep.write_csv_atomically(results, FIELDS, store.rows(wanted))
+        progress.update()
+
+    try:
+        sweep.run_cells(functools.partial(run_cell_task, config, beam_args, str(out_dir)), todo,
+                        config.parallel, finished)
+    except sweep.Interrupted as stop:
+        progress.close()
+        done = sum(store.done(*w) for w in wanted)
+        raise SweepInterrupted(f"stopped by {stop}: {done} of {len(cells)} cells are in {results}; "
+                               "rerun the same command to run the rest") from None
+    progress.close()
+    sweep.write_csv_atomically(results, FIELDS, store.rows(wanted))
     pngs = figures.plot_results(results, out_dir)
     table = coverage_table(results)
     (out_dir / "coverage.md").write_text(table)
@@ -286,3 +306,6 @@ def run(config: EvaluateConfig, beam_args) -> dict:
         print(f"figure: {png}")
     return {"results": str(results), "figures": [str(p) for p in pngs], "ran": len(todo)}
 
+
+class SweepInterrupted(KeyboardInterrupt):
+    """An evaluate sweep stopped by a signal (the CLI exits 130 with its message)."""

@@ -1,10 +1,13 @@
 """Running a job: the pipeline factory (the safe local runner), scratch paths, counters."""
 from __future__ import annotations
 
+import atexit
+import contextlib
 import io
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import uuid
@@ -109,14 +112,50 @@ def _dry_run_report(p: beam.Pipeline, result) -> str:
             f"submitted{f'; job request written to {job_file}' if job is not None and job_file else ''}")
 
 
+# Scratch directories by scope: the innermost ``scratch_scope`` removes what
+# was made inside it; the outermost (the process) is removed at exit.
+_SCRATCH_SCOPES: list[list[str]] = [[]]
+
+
 def scratch_path(beam_args: Sequence[str], name: str) -> str:
     """A fresh path for an intermediate file both the workers and this
     process can reach: under ``--temp_location`` when given (remote
-    runners), else in a local temporary directory."""
+    runners), else in a local temporary directory. The directory is removed
+    when the enclosing ``scratch_scope`` ends (a CLI job, an evaluate cell),
+    or at the latest when the process exits: nothing a user wants goes there."""
     temp = PipelineOptions(list(beam_args)).view_as(GoogleCloudOptions).temp_location
-    if temp:
-        return FileSystems.join(temp, f"kvldp-{uuid.uuid4().hex}", name)
-    return os.path.join(tempfile.mkdtemp(prefix="kvldp-"), name)
+    directory = (FileSystems.join(temp, f"kvldp-{uuid.uuid4().hex}") if temp
+                 else tempfile.mkdtemp(prefix="kvldp-"))
+    _SCRATCH_SCOPES[-1].append(directory)
+    return FileSystems.join(directory, name)
+
+
+@contextlib.contextmanager
+def scratch_scope():
+    """Remove the scratch directories made inside the block when it ends,
+    however it ends."""
+    _SCRATCH_SCOPES.append([])
+    try:
+        yield
+    finally:
+        _remove_scratch(_SCRATCH_SCOPES.pop())
+
+
+def _remove_scratch(directories: list[str]):
+    for directory in directories:
+        try:
+            if "://" not in directory:
+                shutil.rmtree(directory, ignore_errors=True)
+                continue
+            found = FileSystems.match([FileSystems.join(directory, "**")])[0].metadata_list
+            if found:
+                FileSystems.delete([m.path for m in found])
+        except Exception as err:        # a leftover temporary file must not fail a finished job
+            print(f"(could not remove the scratch directory {directory}: {err})", file=sys.stderr)
+    directories.clear()
+
+
+atexit.register(lambda: [_remove_scratch(scope) for scope in reversed(_SCRATCH_SCOPES)])
 
 
 def read_array(path: str) -> np.ndarray:

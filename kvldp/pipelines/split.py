@@ -72,7 +72,7 @@ def add_perturb_arguments(parser: argparse.ArgumentParser, output_required: bool
                         help="ratings file/pattern (= --dataset PATH)")
     parser.add_argument("--output", required=output_required, type=path_arg,
                         help="REPORTS.avro: writes REPORTS-NNNNN.avro (one per batch) and REPORTS.keys.txt"
-                             + ("" if output_required else " (default: a scratch directory)"))
+                             + ("" if output_required else " (default: ./kvldp-published/REPORTS.avro)"))
 
 
 @dataclasses.dataclass(frozen=True)
