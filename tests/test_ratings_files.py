@@ -35,10 +35,10 @@ def rows(n: int, sep: str = ",") -> list[str]:
 
 def test_a_semicolon_file_is_read_with_delimiter_and_refused_with_a_hint_without(tmp_path, capsys):
     raw = ("user;item;rating\n" + "\n".join(rows(30, ";")) + "\n").encode()
-    code, keys, dead = perturb(tmp_path, raw)
+    code, keys, _ = perturb(tmp_path, raw)
     err = capsys.readouterr().err
     assert code == 2 and "lacks column(s)" in err and "--delimiter" in err and err.count("\n") == 1, err
-    code, keys, dead = perturb(tmp_path, raw, "--delimiter", ";")
+    code, keys, _dead = perturb(tmp_path, raw, "--delimiter", ";")
     assert code == 0 and keys.read_text().split() == ["i0", "i1", "i2"]
     assert "rows read 30 = accepted 30 + rejected 0 [ok]" in capsys.readouterr().out
 
@@ -59,10 +59,10 @@ def test_tab_separated_headerless_file_with_named_columns(tmp_path, capsys):
 
 def test_a_headerless_three_column_file_needs_only_no_header(tmp_path, capsys):
     raw = ("\n".join(rows(20)) + "\n").encode()
-    code, _, dead = perturb(tmp_path, raw, "--max-reject-rate", "1")
+    code, _, _ = perturb(tmp_path, raw, "--max-reject-rate", "1")
     # read with a header, the first row is taken for column names: refused, with the way out
     assert code == 2 and "--no-header" in capsys.readouterr().err
-    code, keys, dead = perturb(tmp_path, raw, "--no-header")
+    code, _keys, _dead = perturb(tmp_path, raw, "--no-header")
     assert code == 0 and "rows read 20 = accepted 20 + rejected 0 [ok]" in capsys.readouterr().out
 
 
@@ -101,7 +101,7 @@ def test_item_ids_that_differ_only_in_whitespace_stay_two_keys(tmp_path, capsys)
 
 def test_an_item_id_with_a_line_break_is_rejected_with_its_reason(tmp_path, capsys):
     raw = ("user,item,rating\n" + "\n".join(rows(40)) + '\nz,"two\nlines",3\n').encode()
-    code, keys, dead = perturb(tmp_path, raw, "--max-reject-rate", "0.05")
+    code, _keys, dead = perturb(tmp_path, raw, "--max-reject-rate", "0.05")
     assert code == 0 and "rows read 41 = accepted 40 + rejected 1 [ok]" in capsys.readouterr().out
     [letter] = dead_letters(dead)
     assert letter["reason"] == "malformed row: the item id holds a line break" and letter["line"] == 43

@@ -8,7 +8,6 @@ import time
 
 import numpy as np
 
-from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
 from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.randomness import SimulationSeed, noise_generator_name
 from kvldp.pipelines import mechanism_args, runner, sources
@@ -26,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--users", type=sources.positive_int, default=1_000_000)
     parser.add_argument("--keys", type=sources.positive_int, default=100)
     parser.add_argument("--dataset", default="synthetic-uu", choices=SYNTHETIC)
-    parser.add_argument("--batch-size", type=sources.positive_int, default=DEFAULT_BATCH_SIZE)
+    sources.add_batch_args(parser)
     parser.add_argument("--seed", type=int, default=1)
     sources.add_fast_rng_arg(parser)
     parser.add_argument("--repeats", type=sources.positive_int, default=3,
@@ -66,6 +65,8 @@ def run(config: BenchConfig, beam_args) -> dict:
     dataset = sources.built_in_dataset(data, seeds.data)
     mechanism = config.mechanism.make(dataset.d, dataset, mechanism_args.resolve_ioh_keys(
         config.mechanism, data, beam_args, dataset.key_names, dataset, None))
+    data = data.sized_for(mechanism, dataset.d)
+    config = dataclasses.replace(config, data=data)
     crypto = not isinstance(seeds.perturb, SimulationSeed)
     numpy_s, beam_s, fast_s = [], [], []
     for _ in range(config.repeats):

@@ -201,7 +201,7 @@ def run_numpy(config: SimulateConfig, beam_args) -> dict:
         raise ValueError("--engine numpy runs built-in datasets only (synthetic-*, clothing, movielens-100k)")
     ioh_keys = mechanism_args.resolve_ioh_keys(config.mechanism, data, beam_args, dataset.key_names, dataset, None)
     mechanism = config.mechanism.make(dataset.d, dataset, ioh_keys)
-    result = run_local(mechanism, dataset, seeds.perturb, data.batch_size)
+    result = run_local(mechanism, dataset, seeds.perturb, data.sized_for(mechanism, dataset.d).sized_batch)
     records = to_records(result.estimates, dataset.key_names, result.truth, keys=mechanism.estimate_keys)
     return {"mechanism": mechanism, "dataset": dataset.name, "records": records, "n_users": dataset.n_users,
             "stats": {}}

@@ -26,7 +26,7 @@ import fastavro
 from apache_beam.io.filesystems import FileSystems
 
 from kvldp.mechanisms.randomness import fresh_seed
-from kvldp.pipelines import runner, split
+from kvldp.pipelines import split
 from kvldp.pipelines.pubsub_admin import ensure_subscription, ensure_topic
 from kvldp.pipelines.split import PerturbConfig
 from kvldp.pipelines.units import parse_duration, parse_instant_ms, pubsub_path

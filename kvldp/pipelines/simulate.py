@@ -76,9 +76,11 @@ def execute(config: SimulateConfig, beam_args) -> dict:
     if config.queries and ioh_keys is None:
         raise ValueError("--query needs an IOH mechanism (ioh-oue, ioh-sue)")
     summary_path, counts_path = output + ".protocol.json", output + ".counts.avro"
+    d = len(key_names)
+    mechanism = chosen.make(d, dataset, ioh_keys, padding=padding.l)
+    data = data.sized_for(mechanism, d)
     p = runner.make_pipeline(beam_args)
     source = sources.user_source(p, data, dataset, dictionary)
-    mechanism = chosen.make(source.d, dataset, ioh_keys, padding=padding.l)
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
     # users -> state after round 1 -> … -> final state -> records (+ summary)
     run = simulate_graph(source.users, mechanism, seeds.perturb, source.key_names, config.fanout)

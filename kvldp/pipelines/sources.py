@@ -18,9 +18,10 @@ from kvldp.datasets import Dataset, SyntheticDataset, load_clothing, load_moviel
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
 from kvldp.mechanisms.padding import merge_histograms, size_histogram
 from kvldp.mechanisms.randomness import SimulationSeed, fresh_seed
+from kvldp.mechanisms.sizing import DEFAULT_MEMORY_BUDGET, batch_size_for
 from kvldp.pipelines import run_seed
 from kvldp.pipelines.runner import make_pipeline, read_array, save_array, scratch_path
-from kvldp.pipelines.units import path_arg
+from kvldp.pipelines.units import parse_bytes, path_arg
 from kvldp.transforms.ratings import DEAD_LETTER, RatingsFormat, ReadRatings
 
 DATASETS = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr", "clothing", "movielens-100k")
@@ -38,7 +39,7 @@ def add_dataset_args(parser: argparse.ArgumentParser, default: str | None = "syn
     parser.add_argument("--seed-file", default=None, type=path_arg,
                         help="file holding the run seed as 32 hex digits (`kvldp seed FILE` writes one): "
                              "a reproducible real run without the seed on the command line")
-    parser.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="users per batch")
+    add_batch_args(parser)
     parser.add_argument("--resample-users", type=positive_int, default=None,
                         help="bootstrap a real dataset's users up to N (labelled in the output)")
     ratings = parser.add_argument_group("ratings files")
@@ -74,6 +75,15 @@ def add_dataset_args(parser: argparse.ArgumentParser, default: str | None = "syn
 
 
 DEFAULT_MAX_REJECT_RATE = 0.05
+
+
+def add_batch_args(parser: argparse.ArgumentParser):
+    parser.add_argument("--batch-size", type=positive_int, default=None,
+                        help="users per batch (default: as many as --memory-budget allows for the mechanism's "
+                             f"report width, at most {DEFAULT_BATCH_SIZE:,})")
+    parser.add_argument("--memory-budget", type=parse_bytes, default=DEFAULT_MEMORY_BUDGET,
+                        help="memory one batch's perturbation may take, e.g. 512MiB, 2GiB (default 1GiB): "
+                             "sets the batch size from the report width (a UE report over many keys is wide)")
 
 
 def fraction(text: str) -> float:
@@ -138,7 +148,8 @@ class DataConfig:
     keys: int = 100                          # synthetic d
     seed: int | None = None                  # None: fresh from the OS CSPRNG
     seed_origin: str | None = dataclasses.field(default=None, compare=False)   # flag, file, env (run_seed)
-    batch_size: int = DEFAULT_BATCH_SIZE
+    batch_size: int | None = None            # None: from memory_budget and the report width (sized_for)
+    memory_budget: int = DEFAULT_MEMORY_BUDGET   # bytes one batch's perturbation may take
     resample_users: int | None = None        # bootstrap a real dataset's users up to this many
     input_format: str | None = None          # csv, jsonl, avro; None: from the file name
     user_col: str = "user"
@@ -157,7 +168,7 @@ class DataConfig:
 
     def __post_init__(self):
         for name in ("users", "keys", "batch_size", "shards"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.resample_users is not None and self.resample_users < 1:
             raise ValueError(f"--resample-users must be >= 1, got {self.resample_users}")
@@ -165,12 +176,35 @@ class DataConfig:
         if not lo < hi:
             raise ValueError(f"--rating-range needs lo < hi, got {self.rating_range}")
         object.__setattr__(self, "rating_range", (float(lo), float(hi)))
-        self.ratings_format        # checks the file-format flags when the config is built
+        _ = self.ratings_format    # checks the file-format flags when the config is built
 
     @property
     def ratings_format(self) -> RatingsFormat:
         return RatingsFormat(self.input_format, self.user_col, self.item_col, self.rating_col, self.delimiter,
                              self.encoding, self.header, self.column_names)
+
+    def sized_for(self, protocol, d: int) -> DataConfig:
+        """This config with a concrete ``batch_size``: the one given, else
+        the largest whose perturbation fits ``memory_budget`` for this
+        protocol's report width (``mechanisms.sizing``; the same for every
+        round and invocation, and independent of anyone's data). Ratings
+        files are batched by ``--shards``, not by size: unchanged."""
+        if self.batch_size is not None or not self.is_built_in:
+            return self
+        return dataclasses.replace(self, batch_size=batch_size_for(protocol, d, self.memory_budget))
+
+    @property
+    def sized_batch(self) -> int:
+        """The batch size of a job that perturbs: set by ``sized_for`` first."""
+        if self.batch_size is None:
+            raise RuntimeError("the batch size is set from the mechanism (DataConfig.sized_for) before users "
+                               "are batched")
+        return self.batch_size
+
+    @property
+    def histogram_batch(self) -> int:
+        """Users per batch of a pre-pass that only counts (no reports)."""
+        return self.batch_size or DEFAULT_BATCH_SIZE
 
     @property
     def is_built_in(self) -> bool:
@@ -384,7 +418,7 @@ def user_source(p: beam.Pipeline, data: DataConfig, dataset: Dataset | None,
     (``dictionary``: the key dictionary for ratings files)."""
     if dataset is not None:
         users = (p
-                 | "BatchSpecs" >> beam.Create(dataset.specs(data.batch_size))
+                 | "BatchSpecs" >> beam.Create(dataset.specs(data.sized_batch))
                  | "SpreadBatches" >> beam.Reshuffle()
                  | "MakeUsers" >> beam.MapTuple(dataset.batch))
         names = p | "KeyNames" >> beam.Create([dataset.key_names])
@@ -405,7 +439,7 @@ def key_dictionary_and_sizes(data: DataConfig, beam_args) -> tuple[list[str], np
 def key_frequencies(data: DataConfig, beam_args, dataset: Dataset | None, dictionary) -> np.ndarray:
     """How many users hold each key (ingest side: it sees raw data)."""
     if dataset is not None:
-        return merge_histograms(_key_counts(users, dataset.d) for users in dataset.batches(data.batch_size))
+        return merge_histograms(_key_counts(users, dataset.d) for users in dataset.batches(data.histogram_batch))
     return users_prepass(data, beam_args, dictionary, functools.partial(_key_counts, d=len(dictionary)), "KeyCounts")
 
 

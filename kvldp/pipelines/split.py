@@ -160,7 +160,7 @@ def ingest_layout(data: DataConfig, dataset) -> str:
     group depends on it, so every round must batch alike."""
     if dataset is None:
         return f"ratings shards={data.shards}"
-    return f"{dataset.name} users={dataset.n_users} batch_size={data.batch_size}"
+    return f"{dataset.name} users={dataset.n_users} batch_size={data.sized_batch}"
 
 
 def perturb_state(config: PerturbConfig, protocol, seed: int, dataset, key_names):
@@ -205,6 +205,8 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
     ioh_keys = mechanism_args.resolve_ioh_keys(chosen, data, beam_args, key_names, dataset, dictionary)
     padding = resolve_padding(chosen, data, beam_args, dataset, dictionary, set_sizes)  # 'auto' -> l; warns
     mechanism = chosen.make(len(key_names), dataset, ioh_keys, padding=padding.l)
+    data = data.sized_for(mechanism, len(key_names))
+    config = dataclasses.replace(config, data=data)
     r = config.round - 1
     state = perturb_state(config, mechanism, seeds.perturb, dataset, key_names)
     round_cfg = round_config(mechanism, r, state.collection)
