@@ -202,7 +202,8 @@ def run_numpy(config: SimulateConfig, beam_args) -> dict:
     ioh_keys = mechanism_args.resolve_ioh_keys(config.mechanism, data, beam_args, dataset.key_names, dataset, None)
     mechanism = config.mechanism.make(dataset.d, dataset, ioh_keys)
     result = run_local(mechanism, dataset, seeds.perturb, data.sized_for(mechanism, dataset.d).sized_batch)
-    records = to_records(result.estimates, dataset.key_names, result.truth, keys=mechanism.estimate_keys)
+    records = to_records(result.estimates, dataset.key_names, result.truth, keys=mechanism.estimate_keys,
+                         rating_range=data.rating_scale(dataset))
     return {"mechanism": mechanism, "dataset": dataset.name, "records": records, "n_users": dataset.n_users,
             "stats": {}}
 
@@ -263,7 +264,9 @@ def cell_name(cell) -> str:
 
 
 def run_cell_task(config: EvaluateConfig, beam_args, out_dir: str, cell) -> list[dict]:
-    """A worker's cell: its rows, its scratch files removed when it ends."""
+    """A worker's cell: its rows, its scratch files removed when it ends
+    (no progress lines: the sweep's own bar counts cells)."""
+    os.environ.setdefault(runner.PROGRESS_ENV, "0")
     with runner.scratch_scope():
         return run_cell(cell, config, beam_args, out_dir)
 

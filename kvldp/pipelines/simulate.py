@@ -83,7 +83,8 @@ def execute(config: SimulateConfig, beam_args) -> dict:
     source = sources.user_source(p, data, dataset, dictionary)
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
     # users -> state after round 1 -> … -> final state -> records (+ summary)
-    run = simulate_graph(source.users, mechanism, seeds.perturb, source.key_names, config.fanout)
+    run = simulate_graph(source.users, mechanism, seeds.perturb, source.key_names, config.fanout,
+                         rating_range=data.rating_scale(dataset))
     if mechanism.max_rounds > 1:     # what the rounds did: rounds run, budget spent, the ledger
         (run["state"] | "Summary" >> beam.Map(protocol_summary, mechanism)
          | "WriteSummary" >> beam.io.WriteToText(summary_path, num_shards=1, shard_name_template=""))
@@ -101,7 +102,8 @@ def execute(config: SimulateConfig, beam_args) -> dict:
             "records": report.read_estimates(output), "n_users": getattr(dataset, "n_users", None),
             "protocol": json.loads(read_text(summary_path)) if mechanism.max_rounds > 1 else None,
             "counts_path": counts_path if ioh_keys is not None else None, "padding": padding.summary(),
-            "noise": noise_generator_name(seeds.perturb), "dead_letter": dead_letter}
+            "noise": noise_generator_name(seeds.perturb), "dead_letter": dead_letter,
+            "rating_range": data.rating_scale(dataset)}
 
 
 def default_output(config: SimulateConfig) -> str:
@@ -123,8 +125,10 @@ def run(config: SimulateConfig, beam_args) -> dict:
               f"epsilon spent per user: {info['epsilon_spent']:.6g} of {mechanism.epsilon:g}")
     runner.print_row_summary(stats)
     config.data.check_reject_rate(stats, out["dead_letter"])
-    report.print_table(records, config.rows)
+    report.print_table(records, config.rows, rating_range=out["rating_range"])
     print(" ".join(f"{k}={v:.4g}" for k, v in summary.items()))
+    if out["rating_range"] is not None and any(r.get("true_mean") is not None for r in records):
+        print(report.rating_summary(summary, out["rating_range"]))
     print(f"estimates written to {out['output']}")
     answers = []
     if out["counts_path"]:

@@ -20,7 +20,7 @@ from kvldp.mechanisms.padding import merge_histograms, size_histogram
 from kvldp.mechanisms.randomness import SimulationSeed, fresh_seed
 from kvldp.mechanisms.sizing import DEFAULT_MEMORY_BUDGET, batch_size_for
 from kvldp.pipelines import run_seed
-from kvldp.pipelines.runner import make_pipeline, read_array, save_array, scratch_path
+from kvldp.pipelines.runner import Progress, make_pipeline, read_array, save_array, scratch_path
 from kvldp.pipelines.units import parse_bytes, path_arg
 from kvldp.transforms.ratings import DEAD_LETTER, RatingsFormat, ReadRatings
 
@@ -192,6 +192,13 @@ class DataConfig:
         if self.batch_size is not None or not self.is_built_in:
             return self
         return dataclasses.replace(self, batch_size=batch_size_for(protocol, d, self.memory_budget))
+
+    def rating_scale(self, dataset: Dataset | None) -> tuple[float, float] | None:
+        """The ratings' own scale (for means printed and written on it): a
+        built-in dataset's, else the ``--rating-range`` the files were read
+        with; ``None`` when that is the internal ``[-1, 1]`` anyway."""
+        scale = dataset.rating_range if dataset is not None else self.rating_range
+        return None if scale is None or tuple(scale) == (-1.0, 1.0) else tuple(map(float, scale))
 
     @property
     def sized_batch(self) -> int:
@@ -384,7 +391,8 @@ def derive_dictionary_and_sizes(data: DataConfig, beam_args) -> tuple[list[str],
     (read["dictionary"] | "Join" >> beam.Map("\n".join)
      | "Write" >> beam.io.WriteToText(out, num_shards=1, shard_name_template=""))
     write_size_histogram(read["users"], sizes)
-    p.run().wait_until_finish()
+    with Progress():
+        p.run().wait_until_finish()
     return read_dictionary(out), read_array(sizes)
 
 
@@ -408,7 +416,8 @@ def users_prepass(data: DataConfig, beam_args, dictionary: Sequence[str], per_ba
     path = scratch_path(beam_args, f"{name}.npy")
     p = make_pipeline(beam_args)
     sum_per_batch(user_source(p, data, None, dictionary).users, per_batch, path, name)
-    p.run().wait_until_finish()
+    with Progress():
+        p.run().wait_until_finish()
     return read_array(path)
 
 

@@ -227,7 +227,7 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
     result = runner.run_pipeline(p)
     padding.after_run()                            # warns when l truncated too many users
     stats = runner.counters(result)
-    written = manifest.write_manifest(prefix, round_cfg, key_names)
+    written = manifest.write_manifest(prefix, round_cfg, key_names, data.rating_scale(dataset))
     runner.print_row_summary(stats)
     data.check_reject_rate(stats, dead_letter)
     print(f"{written['reports']} reports of {mechanism!r}"
@@ -255,6 +255,9 @@ def add_collect_arguments(parser: argparse.ArgumentParser):
                         help="IOH: where to write the cell counts for kvldp query (default OUTPUT.counts.avro)")
     parser.add_argument("--rows", type=int, default=10)
     parser.add_argument("--fanout", type=int, default=None)
+    parser.add_argument("--rating-range", type=sources.parse_range, default=None,
+                        help="lo,hi: the ratings' own scale, for means given on it too (default: the "
+                             "range perturb read, from the manifest)")
     delivery = parser.add_argument_group("the delivery (checked against PREFIX.manifest.json written by perturb)")
     delivery.add_argument("--allow-partial", action="store_true",
                           help="collect the report files present when some the manifest lists are missing "
@@ -284,6 +287,7 @@ class CollectConfig:
     fanout: int | None = None
     allow_partial: bool = False
     require_manifest: bool = True
+    rating_range: tuple[float, float] | None = None     # None: the manifest's
 
     def __post_init__(self):
         if not self.key_dictionary and not self.keys:
@@ -293,7 +297,7 @@ class CollectConfig:
     def from_args(cls, args) -> CollectConfig:
         return cls(MechanismConfig.from_args(args), args.input, args.output, args.round, args.broadcast,
                    args.key_dictionary, args.keys, args.broadcast_out, args.counts_out, args.rows, args.fanout,
-                   args.allow_partial, args.require_manifest)
+                   args.allow_partial, args.require_manifest, args.rating_range)
 
 
 def reports_collection(pattern: str, found: dict) -> Collection:
@@ -366,7 +370,8 @@ def run_collect(config: CollectConfig, beam_args) -> dict:
     key_names = p | "KeyNames" >> beam.Create([names])
     reports = p | "ReadReports" >> ReadReports(config.input, mechanism, r, expected)
     # reports -> counts of round r -> the state after round r -> records
-    out = collect_graph(reports, mechanism, r, previous, key_names, config.fanout)
+    scale = config.rating_range or (manifest.rating_scale(config.input) if config.require_manifest else None)
+    out = collect_graph(reports, mechanism, r, previous, key_names, config.fanout, rating_range=scale)
     out["records"] | "WriteEstimates" >> WriteEstimates(config.output)
     broadcast_out, counts_out = None, None
     if mechanism.max_rounds > 1:
@@ -377,14 +382,14 @@ def run_collect(config: CollectConfig, beam_args) -> dict:
         ioh_counts_file(out["counts"], None, mechanism, key_names, counts_out)
     result = runner.run_pipeline(p)
     stats = runner.counters(result)
-    print_collected(config, mechanism, stats, broadcast_out, counts_out)
+    print_collected(config, mechanism, stats, broadcast_out, counts_out, scale)
     return {"output": config.output, "stats": stats, "broadcast": broadcast_out, "counts": counts_out}
 
 
 def print_collected(config: CollectConfig, mechanism, stats: dict, broadcast_out: str | None,
-                    counts_out: str | None):
+                    counts_out: str | None, rating_range=None):
     print(f"{stats.get('reports_read', 0)} reports collected by {mechanism!r}")
-    report.print_table(report.read_estimates(config.output), config.rows)
+    report.print_table(report.read_estimates(config.output), config.rows, rating_range=rating_range)
     print(f"estimates written to {config.output}")
     if broadcast_out:
         with FileSystems.open(broadcast_out) as fh:

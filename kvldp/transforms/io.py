@@ -17,11 +17,11 @@ from collections.abc import Mapping, Sequence
 import apache_beam as beam
 from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.metrics import Metrics
 
 from kvldp import schemas
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
 from kvldp.schemas import envelope
+from kvldp.transforms import tally
 
 FORMATS = ("csv", "jsonl", "avro")
 
@@ -44,7 +44,7 @@ def format_of(path: str, declared: str | None = None) -> str:
 class _WriteReportFileFn(beam.DoFn):
     def __init__(self, prefix: str, config: dict):
         self._prefix, self._config = prefix, dict(config)
-        self._written = Metrics.counter("kvldp", "reports_written")
+        self._written = tally.counter("reports_written")
 
     def process(self, reports):
         path = f"{self._prefix}-{reports.batch_id:05d}.avro"
@@ -70,7 +70,7 @@ class _ReadReportFileFn(beam.DoFn):
     def __init__(self, protocol, round_index: int, config: dict, batch_rows: int):
         self._protocol, self._round = protocol, round_index
         self._config, self._rows = dict(config), batch_rows
-        self._read = Metrics.counter("kvldp", "reports_read")
+        self._read = tally.counter("reports_read")
 
     def process(self, readable):
         with readable.open() as fh:

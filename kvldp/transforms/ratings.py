@@ -25,10 +25,10 @@ import fastavro
 import numpy as np
 from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.metrics import Metrics
 
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE, UserBatch
 from kvldp.transforms.io import format_of
+from kvldp.transforms import tally
 
 DEAD_LETTER = "dead_letter"
 CHUNK_ROWS = DEFAULT_BATCH_SIZE
@@ -178,8 +178,8 @@ class ParseRatingFileFn(beam.DoFn):
     def __init__(self, ratings_format: RatingsFormat):
         self._format = ratings_format
         self._cols = ratings_format.columns
-        self._read = Metrics.counter("kvldp", "rows_read")
-        self._rejected = Metrics.counter("kvldp", "rows_rejected")
+        self._read = tally.counter("rows_read")
+        self._rejected = tally.counter("rows_rejected")
 
     def process(self, readable):
         path = readable.metadata.path
@@ -316,7 +316,7 @@ class ValidateAndShardFn(beam.DoFn):
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise ValueError(f"rating range must be two finite numbers lo < hi, got {rating_range}")
         self._range, self._shards = (float(lo), float(hi)), int(shards)
-        self._rejected = Metrics.counter("kvldp", "rows_rejected")
+        self._rejected = tally.counter("rows_rejected")
 
     def process(self, chunk, dictionary: Sequence[str]):
         index = {k: i for i, k in enumerate(dictionary)}
@@ -360,10 +360,10 @@ class AssembleUsersFn(beam.DoFn):
     twice is rejected (every row of it: which one is right is unknowable)."""
 
     def __init__(self):
-        self._accepted = Metrics.counter("kvldp", "rows_accepted")
-        self._rejected = Metrics.counter("kvldp", "rows_rejected")
-        self._users = Metrics.counter("kvldp", "users_assembled")
-        self._lost = Metrics.counter("kvldp", "users_all_rejected")
+        self._accepted = tally.counter("rows_accepted")
+        self._rejected = tally.counter("rows_rejected")
+        self._users = tally.counter("users_assembled")
+        self._lost = tally.counter("users_all_rejected")
 
     def process(self, element):
         shard, chunks = element
