@@ -29,14 +29,12 @@ def readme_commands() -> list[str]:
     text = (ROOT / "README.md").read_text()
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.split(" # ")[0].split("  #")[0].strip()
+        for raw in block.replace("\\\n", " ").splitlines():
+            line = raw.split(" # ")[0].split("  #")[0].strip()
             if not line or line.startswith("#"):
                 continue
-            for part in line.split("&&"):
-                part = part.strip()
-                if part.startswith(".venv/bin/kvldp "):
-                    part = part[len(".venv/bin/"):]
+            for piece in line.split("&&"):
+                part = piece.strip().removeprefix(".venv/bin/")
                 if part.startswith("kvldp "):
                     commands.append(part)
     return commands
@@ -90,5 +88,5 @@ def test_every_readme_command_runs(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("command", [c for c in readme_commands() if shlex.split(c)[1] in STREAMING])
 def test_streaming_commands_parse(command):
     """The streaming demo's commands are at least valid command lines."""
-    name, config, beam_args = cli.configure(shlex.split(command)[1:])
+    name, _, beam_args = cli.configure(shlex.split(command)[1:])
     assert name in STREAMING and not beam_args

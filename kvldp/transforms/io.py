@@ -22,6 +22,7 @@ from kvldp import schemas
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
 from kvldp.schemas import envelope
 from kvldp.transforms import tally
+from kvldp.transforms.context import element_context
 
 FORMATS = ("csv", "jsonl", "avro")
 
@@ -73,7 +74,7 @@ class _ReadReportFileFn(beam.DoFn):
         self._read = tally.counter("reports_read")
 
     def process(self, readable):
-        with readable.open() as fh:
+        with element_context(readable.metadata.path), readable.open() as fh:
             container = envelope.ReportContainer(fh)
             container.check(self._config, self._protocol.round_report_type(self._round), readable.metadata.path)
             decode = functools.partial(self._protocol.reports_from_records, self._round)

@@ -16,6 +16,7 @@ from kvldp.mechanisms.base import UserBatch
 from kvldp.mechanisms.protocol import Protocol, ProtocolState
 from kvldp.mechanisms.randomness import batch_rng
 from kvldp.transforms import tally
+from kvldp.transforms.context import element_context
 
 
 class PerturbFn(beam.DoFn):
@@ -33,9 +34,10 @@ class PerturbFn(beam.DoFn):
             state = self._protocol.initial_state()
         if state.stopped:
             return
-        rng = batch_rng(self._seed, users.batch_id, round_index=self._round)
-        users = self._protocol.participants(self._round, users, state)
-        reports = self._protocol.perturb_round(self._round, users, rng, state)
+        with element_context(f"user batch {users.batch_id} ({users.n_users} users), round {self._round + 1}"):
+            rng = batch_rng(self._seed, users.batch_id, round_index=self._round)
+            users = self._protocol.participants(self._round, users, state)
+            reports = self._protocol.perturb_round(self._round, users, rng, state)
         self._users.inc(users.n_users)
         self._reports.inc(reports.n_reports)
         yield reports

@@ -27,8 +27,9 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE, UserBatch
-from kvldp.transforms.io import format_of
 from kvldp.transforms import tally
+from kvldp.transforms.context import element_context
+from kvldp.transforms.io import format_of
 
 DEAD_LETTER = "dead_letter"
 CHUNK_ROWS = DEFAULT_BATCH_SIZE
@@ -185,7 +186,7 @@ class ParseRatingFileFn(beam.DoFn):
         path = readable.metadata.path
         fmt = format_of(path, self._format.fmt)
         chunk = _Chunk(path)
-        with readable.open() as fh:
+        with element_context(path), readable.open() as fh:
             rows = {"csv": self._csv, "jsonl": self._jsonl, "avro": self._avro}[fmt](fh, path)
             for line, row in rows:
                 self._read.inc()
