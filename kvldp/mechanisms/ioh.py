@@ -71,6 +71,9 @@ class PackedReportBatch(Reports):
             raise ValueError(f"IOH reports must be {width} bytes each ({n_cells} cells)")
         return cls(np.frombuffer(raw, dtype=np.uint8).reshape(len(records), width), n_cells, batch_id)
 
+    def shape(self) -> dict:
+        return {"n_cells": self.n_cells}
+
     @classmethod
     def empty(cls, batch_id: int = 0, *, n_cells: int) -> PackedReportBatch:
         return cls(np.zeros((0, packed_width(n_cells)), np.uint8), n_cells, batch_id)
