@@ -148,13 +148,19 @@ class ReportContainer:
         self.config: dict | None = json.loads(raw) if raw else None
         self.schema_name: str = self._reader.writer_schema.get("name", "").split(".")[-1]
         self.columnar = self.schema_name == schemas.load(schemas.REPORT_COLUMNS)["name"]
-        self._first = next(iter(self._reader), None) if self.columnar else None
+        self._peeked: list[dict] | None = None        # the first record, once read (columnar)
+
+    def _first(self) -> dict | None:
+        if self._peeked is None:
+            self._peeked = [next(iter(self._reader), None)]
+        return self._peeked[0]
 
     @property
     def kind(self) -> str | None:
         """The report schema's name (``report``, ``olh_report``, …) the records encode."""
         if self.columnar:
-            return None if self._first is None else self._first["kind"]
+            first = self._first()
+            return None if first is None else first["kind"]
         return next((k for k in (schemas.REPORT, schemas.OLH_REPORT, schemas.IOH_REPORT)
                      if schemas.load(k)["name"] == self.schema_name), self.schema_name)
 
@@ -184,7 +190,9 @@ class ReportContainer:
 
     def __iter__(self) -> Iterator[dict]:
         """The stored Avro records as they are (columnar or per report)."""
-        return iter(self._reader) if self._first is None else itertools.chain([self._first], self._reader)
+        if self._peeked is None:
+            return iter(self._reader)
+        return itertools.chain([r for r in self._peeked if r is not None], self._reader)
 
     def count(self) -> int:
         """Reports in the container (columnar: the records' counts)."""
