@@ -4,6 +4,8 @@ files and on every kind of damage, whatever the block size."""
 from __future__ import annotations
 
 import io
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -98,3 +100,38 @@ def test_other_encodings_and_delimiters(monkeypatch):
 def test_undecodable_reason_is_kept():
     _, dead = parse(DAMAGED[3])
     assert [d["reason"].split(" (")[0] for d in dead] == [ratings.UNDECODABLE] and dead[0]["line"] == 32
+
+
+def test_the_light_pre_pass_finds_the_dictionary_and_set_sizes_of_the_main_job(tmp_path):
+    """ScanRatings (memory in distinct items and users) gives the dictionary
+    and set-size histogram that assembling every user (ReadRatings) gives."""
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+
+    from kvldp.mechanisms.padding import size_histogram
+    from kvldp.transforms.ratings import ReadRatings, ScanRatings
+
+    rng = np.random.default_rng(4)
+    rows = [f"u{u},i{k},{1 + (u + k) % 5}" for u in range(300) for k in rng.choice(9, 1 + u % 4, replace=False)]
+    rows += ["u7,i3,9", "u8,i99,0"]                              # out of range: not counted by either
+    path = tmp_path / "r.csv"
+    path.write_text("user,item,rating\n" + "\n".join(rows) + "\n")
+    out = {name: str(tmp_path / f"{name}.json") for name in ("scan_dict", "scan_sizes", "read_sizes", "read_dict")}
+
+    def keep(name):
+        return beam.Map(lambda value, path=out[name]: Path(path).write_text(json.dumps(np.asarray(value).tolist())))
+
+    with TestPipeline() as p:
+        scan = p | ScanRatings(str(path), (1.0, 5.0), shards=4)
+        scan["dictionary"] | "KeepDict" >> keep("scan_dict")
+        scan["sizes"] | "KeepSizes" >> keep("scan_sizes")
+        read = p | ReadRatings(str(path), (1.0, 5.0), None, shards=4)
+        (read["users"] | beam.Map(size_histogram) | beam.CombineGlobally(
+            lambda hs: sum((np.pad(h, (0, 10 - len(h))) for h in hs), np.zeros(10, np.int64)))
+         | "KeepRead" >> keep("read_sizes"))
+        read["dictionary"] | "KeepReadDict" >> keep("read_dict")
+    seen = {name: json.loads(Path(file).read_text()) for name, file in out.items()}
+    # an item only a rejected row names (i99) is not published by the light pre-pass
+    assert seen["scan_dict"] == [f"i{k}" for k in range(9)] and seen["read_dict"] == seen["scan_dict"] + ["i99"]
+    scan_sizes = np.pad(seen["scan_sizes"], (0, 10 - len(seen["scan_sizes"])))
+    assert np.array_equal(scan_sizes, seen["read_sizes"]) and scan_sizes.sum() == 300

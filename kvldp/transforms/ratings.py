@@ -497,6 +497,80 @@ class ReadRatings(beam.PTransform):
         return {"users": users.users, DEAD_LETTER: dead, "dictionary": dictionary}
 
 
+def _valid_rating_rows(chunk: dict, rating_range) -> dict:
+    """The rows of a parsed chunk whose rating is finite and in range."""
+    lo, hi = rating_range
+    r = chunk["ratings"]
+    ok = np.isfinite(r) & (r >= lo) & (r <= hi)
+    return {"users": chunk["users"][ok], "items": chunk["items"][ok]}
+
+
+def _user_counts_by_shard(chunk: dict, shards: int):
+    """``(shard, (distinct users, their row counts))`` of one chunk."""
+    users, counts = np.unique(chunk["users"].astype(str), return_counts=True)
+    shard = np.fromiter((stable_shard(u, shards) for u in users), dtype=np.int64, count=len(users))
+    for s in np.unique(shard):
+        m = shard == s
+        yield int(s), (users[m], counts[m])
+
+
+def _shard_size_histogram(element) -> np.ndarray:
+    """The set sizes of one shard's users: their row counts summed over chunks."""
+    _, parts = element
+    parts = list(parts)
+    users = np.concatenate([u for u, _ in parts])
+    counts = np.concatenate([c for _, c in parts])
+    _, owner = np.unique(users, return_inverse=True)
+    return np.bincount(np.bincount(owner, weights=counts).astype(np.int64))
+
+
+class ScanRatings(beam.PTransform):
+    """The light pre-pass over ratings files: ``pattern -> {"dictionary":
+    [sorted item ids], "sizes": the users' set-size histogram}``.
+
+    Memory grows with the distinct items and users, never with the rows:
+    items are made distinct chunk by chunk, and a user's rows are counted
+    per chunk and the counts summed per user shard (``ReadRatings``, which
+    assembles every user's pairs, holds every row). The rows counted, and
+    whose items make the dictionary, are those with a finite rating in
+    range (an item only a rejected row names is not published); a key a user holds twice (which the
+    main job rejects) counts twice here, so ``sizes`` can exceed the main
+    job's by those rare users."""
+
+    def __init__(self, pattern: str, rating_range=(-1.0, 1.0), ratings_format: RatingsFormat | None = None,
+                 shards: int = 16, label: str | None = None):
+        super().__init__(label)
+        self._pattern, self._range, self._shards = pattern, tuple(rating_range), shards
+        self._parse = ParseRatingFileFn(ratings_format or RatingsFormat())
+
+    def expand(self, pbegin):
+        rows = (pbegin
+                | "Match" >> fileio.MatchFiles(self._pattern)
+                | "Open" >> fileio.ReadMatches()
+                | "Parse" >> beam.ParDo(self._parse).with_outputs(DEAD_LETTER, main="rows"))
+        valid = rows.rows | "InRange" >> beam.Map(_valid_rating_rows, self._range)
+        dictionary = (valid
+                      | "Items" >> beam.FlatMap(lambda c: set(c["items"].tolist()))
+                      | "DistinctItems" >> beam.Distinct()
+                      | "SortItems" >> beam.combiners.ToList()
+                      | "Sorted" >> beam.Map(sorted))
+        sizes = (valid
+                 | "CountRows" >> beam.FlatMap(_user_counts_by_shard, self._shards)
+                 | "GroupShards" >> beam.GroupByKey()
+                 | "ShardSizes" >> beam.Map(_shard_size_histogram)
+                 | "SumSizes" >> beam.CombineGlobally(_sum_histograms))
+        return {"dictionary": dictionary, "sizes": sizes}
+
+
+def _sum_histograms(histograms) -> np.ndarray:
+    out = np.zeros(1, dtype=np.int64)
+    for h in histograms:
+        if len(h) > len(out):
+            out = np.pad(out, (0, len(h) - len(out)))
+        out[:len(h)] += h
+    return out
+
+
 def write_dead_letters(dead, path: str):
     """Rejected rows (with reasons) as JSON Lines. Client/ingest side only."""
     return (dead
