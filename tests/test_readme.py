@@ -60,6 +60,8 @@ def small(argv: list[str]) -> list[str]:
         out += ["--resample-users", "3000"]
     if out[0] == "bench":
         out += ["--repeats", "1"]
+        if "--sweep" in out:                       # two mechanisms, one size
+            out += ["--mechanisms", "pckv-grr,privkvm", "--sizes", "3000"]
     return out
 
 
