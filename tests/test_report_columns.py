@@ -104,3 +104,19 @@ def test_a_record_whose_columns_disagree_with_its_count_is_refused():
     fastavro.writer(buf, schemas.parsed(schemas.REPORT_COLUMNS), [record])
     with pytest.raises(ValueError, match="says 49 reports, its columns hold 50"):
         list(envelope.ReportContainer(io.BytesIO(buf.getvalue())).batches(proto, 0))
+
+
+def test_a_report_file_header_is_the_same_in_every_process():
+    """The schema text in a file's header must not depend on the process's
+    string-hash seed (a field with both a doc and a default came out in
+    either key order, so identical runs wrote different headers)."""
+    import subprocess
+    import sys
+
+    code = ("import io, fastavro; from kvldp.mechanisms.base import ReportBatch; from kvldp.schemas import envelope; "
+            "print(repr(sorted(fastavro.reader(io.BytesIO(envelope.reports_bytes(ReportBatch.empty(), {'m': 1})))"
+            ".metadata.items())))")
+    headers = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              env={**__import__("os").environ, "PYTHONHASHSEED": str(seed)}).stdout
+               for seed in range(1, 9)}
+    assert len(headers) == 1
