@@ -22,6 +22,7 @@ from kvldp.mechanisms.sizing import DEFAULT_MEMORY_BUDGET, batch_size_for
 from kvldp.pipelines import run_seed
 from kvldp.pipelines.runner import Progress, make_pipeline, read_array, save_array, scratch_path
 from kvldp.pipelines.units import parse_bytes, path_arg
+from kvldp.transforms.key_names import CreateKeyNames
 from kvldp.transforms.ratings import DEAD_LETTER, RatingsFormat, ReadRatings, ScanRatings
 
 DATASETS = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr", "clothing", "movielens-100k")
@@ -429,7 +430,7 @@ def user_source(p: beam.Pipeline, data: DataConfig, dataset: Dataset | None,
                  | "BatchSpecs" >> beam.Create(dataset.specs(data.sized_batch))
                  | "SpreadBatches" >> beam.Reshuffle()
                  | "MakeUsers" >> beam.MapTuple(dataset.batch))
-        names = p | "KeyNames" >> beam.Create([dataset.key_names])
+        names = p | "KeyNames" >> CreateKeyNames(dataset.key_names)
         return UserSource(users, names, None, dataset.d)
     read = p | "ReadRatings" >> data.read_ratings(dictionary)
     return UserSource(read["users"], read["dictionary"], read[DEAD_LETTER], len(dictionary))

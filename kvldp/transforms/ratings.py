@@ -31,6 +31,7 @@ from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE, UserBatch
 from kvldp.transforms import csv_blocks, tally
 from kvldp.transforms.context import element_context
 from kvldp.transforms.io import format_of
+from kvldp.transforms.key_names import CreateKeyNames
 
 DEAD_LETTER = "dead_letter"
 CHUNK_ROWS = DEFAULT_BATCH_SIZE
@@ -479,7 +480,7 @@ class ReadRatings(beam.PTransform):
                   | "Parse" >> beam.ParDo(self._parse).with_outputs(DEAD_LETTER, main="rows"))
         # rows: chunk dicts; dictionary: [item ids] (index = key)
         if self._dictionary is not None:
-            dictionary = pbegin | "Dictionary" >> beam.Create([list(self._dictionary)])
+            dictionary = pbegin | "Dictionary" >> CreateKeyNames(self._dictionary)
         else:
             dictionary = (parsed.rows
                           | "Items" >> beam.FlatMap(lambda c: set(c["items"].tolist()))
