@@ -86,8 +86,9 @@ def beam_frequencies(data: DataConfig, beam_args, dataset, mechanism, seed) -> n
     run = simulate_graph(source.users, mechanism, seed, source.key_names, truth=False)
     run["records"] | "Write" >> WriteEstimates(out)
     p.run().wait_until_finish()
-    by_key = {int(r["key"]): r["frequency"] for r in read_estimates(out)}
-    return np.array([np.nan if by_key[k] is None else by_key[k] for k in mechanism.estimate_keys])
+    records = read_estimates(out)
+    by_key = dict(zip(map(int, records.column("key")), records.column("frequency"), strict=True))
+    return np.array([by_key[k] for k in mechanism.estimate_keys])
 
 
 def run(config: BenchConfig, beam_args) -> dict:

@@ -1,21 +1,15 @@
 """Reading estimate files back and printing what a person looks at."""
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
 import sys
 
-import fastavro
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from kvldp import schemas
 from kvldp.mechanisms import metrics
+from kvldp.schemas.estimate_columns import EstimateRecords, read_estimate_records
 from kvldp.transforms.io import format_of
-
-TEXT_FIELDS = ("key", "mechanism", "frequency_status", "mean_status")
 
 
 def read_text(path: str) -> str:
@@ -23,21 +17,15 @@ def read_text(path: str) -> str:
         return fh.read().decode("utf-8")
 
 
-def read_estimates(path: str) -> list[dict]:
-    """Estimate records from an Avro, JSON Lines or CSV file."""
-    fmt = format_of(path)
-    with FileSystems.open(path) as fh:
-        if fmt == "avro":
-            return list(fastavro.reader(fh))
-        text = fh.read().decode("utf-8")
-    if fmt == "jsonl":
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    rows = list(csv.DictReader(io.StringIO(text)))
-    numeric = set(schemas.ESTIMATE_FIELDS) - set(TEXT_FIELDS)
-    return [{k: (None if v == "" else float(v)) if k in numeric else v for k, v in r.items()} for r in rows]
+def read_estimates(path: str) -> EstimateRecords:
+    """Estimate records from an Avro, JSON Lines or CSV file (held as
+    columns: ``kvldp.schemas.estimate_columns``)."""
+    return read_estimate_records(path, format_of(path))
 
 
 def _arr(records, field):
+    if isinstance(records, EstimateRecords):
+        return records.column(field)
     return np.array([np.nan if r.get(field) is None else r[field] for r in records], dtype=np.float64)
 
 
@@ -81,16 +69,16 @@ def print_table(records: list[dict], rows: int = 10, out=None, rating_range=None
     (``null`` where not estimable, the status alongside). With
     ``rating_range`` the means are shown on the ratings' own scale."""
     out = out or sys.stdout
+    has_truth = bool(np.isfinite(_arr(records, "true_frequency")).any())
+    order = np.nan_to_num(_arr(records, "true_frequency" if has_truth else "frequency"), nan=0.0)
+    ranked = [records[int(i)] for i in np.argsort(-order, kind="stable")[:rows]]   # only these become dicts
     if rating_range is not None:
         lo, hi = rating_range
         half = (hi - lo) / 2.0
-        records = [{**r, "mean": r.get("mean_rating"), "mean_se": r.get("mean_rating_se"),
-                    "true_mean": None if r.get("true_mean") is None else lo + (r["true_mean"] + 1.0) * half}
-                   for r in records]
+        ranked = [{**r, "mean": r.get("mean_rating"), "mean_se": r.get("mean_rating_se"),
+                   "true_mean": None if r.get("true_mean") is None else lo + (r["true_mean"] + 1.0) * half}
+                  for r in ranked]
         print(f"(means on the ratings' {scale_text(rating_range)} scale)", file=out)
-    has_truth = any(r.get("true_frequency") is not None for r in records)
-    order_field = "true_frequency" if has_truth else "frequency"
-    ranked = sorted(records, key=lambda r: -(r.get(order_field) or 0.0))[:rows]
     if has_truth:
         print(f"{'key':>10} {'true f':>9} {'est f':>9} {'± s.e.':>9} {'true m':>8} {'est m':>8} {'± s.e.':>8}",
               file=out)
