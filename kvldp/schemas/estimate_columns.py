@@ -24,33 +24,37 @@ from kvldp import schemas
 
 
 def _field_kinds() -> dict[str, str]:
-    """``double``, ``long`` or ``string`` per field of estimate.avsc."""
+    """``double``, ``long``, ``string``, ... per field of estimate.avsc and
+    windowed_estimate.avsc (a pane's records are estimate records with the
+    window's fields in front)."""
     kinds = {}
-    for f in schemas.load(schemas.ESTIMATE)["fields"]:
-        types = f["type"] if isinstance(f["type"], list) else [f["type"]]
-        kinds[f["name"]] = next(t for t in types if t != "null")
+    for name in (schemas.ESTIMATE, schemas.WINDOWED_ESTIMATE):
+        for f in schemas.load(name)["fields"]:
+            types = f["type"] if isinstance(f["type"], list) else [f["type"]]
+            kinds[f["name"]] = next(t for t in types if t != "null")
     return kinds
 
 
 class EstimateRecords(Sequence):
-    """The records of an estimates file, held as columns; ``column(field)``
-    gives a double field as a float array (NaN where null) without building
-    any dict."""
+    """The records of an estimates file, held as columns (the fields of its
+    records, in their order); ``column(field)`` gives a double field as a
+    float array (NaN where null) without building any dict."""
 
     def __init__(self, records: Iterable[dict]):
         kinds = _field_kinds()
-        self._doubles = {f: array("d") for f, k in kinds.items() if k == "double"}
-        self._others: dict[str, list] = {f: [] for f, k in kinds.items() if k != "double"}
-        self._order = list(kinds)
+        self._columns: dict[str, array | list] = {}
         shared: dict[str, str] = {}
         n = 0
         for r in records:
-            for f, col in self._doubles.items():
+            for f in r:
+                if f not in self._columns:     # the first record's fields, in order (a later one: backfilled)
+                    self._columns[f] = array("d", [np.nan] * n) if kinds.get(f) == "double" else [None] * n
+            for f, col in self._columns.items():
                 v = r.get(f)
-                col.append(np.nan if v is None else v)
-            for f, col in self._others.items():
-                v = r.get(f)
-                col.append(shared.setdefault(v, v) if isinstance(v, str) and f != "key" else v)
+                if isinstance(col, array):
+                    col.append(np.nan if v is None else v)
+                else:
+                    col.append(shared.setdefault(v, v) if isinstance(v, str) and f != "key" else v)
             n += 1
         self._n = n
 
@@ -59,12 +63,9 @@ class EstimateRecords(Sequence):
 
     def _record(self, i: int) -> dict:
         out = {}
-        for f in self._order:
-            if f in self._doubles:
-                v = self._doubles[f][i]
-                out[f] = None if v != v else v
-            else:
-                out[f] = self._others[f][i]
+        for f, col in self._columns.items():
+            v = col[i]
+            out[f] = None if isinstance(col, array) and v != v else v
         return out
 
     def __getitem__(self, i):
@@ -80,10 +81,14 @@ class EstimateRecords(Sequence):
         return (self._record(i) for i in range(self._n))
 
     def column(self, field: str) -> np.ndarray:
-        """A double field as floats (NaN where null), any other as an array of its values."""
-        if field in self._doubles:
-            return np.frombuffer(self._doubles[field], dtype=np.float64).copy()
-        return np.asarray(self._others[field], dtype=object)
+        """A double field as floats (NaN where null; all NaN for a field the
+        file lacks), any other as an array of its values."""
+        col = self._columns.get(field)
+        if col is None:
+            return np.full(self._n, np.nan)
+        if isinstance(col, array):
+            return np.frombuffer(col, dtype=np.float64).copy() if self._n else np.zeros(0)
+        return np.asarray(col, dtype=object)
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, Sequence) or len(other) != len(self):
