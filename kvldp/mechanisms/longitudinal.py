@@ -48,6 +48,7 @@ from . import layers
 from .base import Estimates, ReportBatch, UserBatch
 from .budget import Share
 from .memo import DeviceKeys, config_digest
+from .params import Options, option
 from .pckv import _PCKV, PCKVGRR, PCKVUE
 from .permanent import (
     instant_grr_pairs,
@@ -62,6 +63,43 @@ from .randomness import collection_generator
 from .sun import KVUE
 
 SUPPORTED = ("pckv-ue", "pckv-grr", "ks-ue", "kvue")
+
+
+def boolean(text) -> bool:
+    """``true``/``false`` (also ``1``/``0``, ``yes``/``no``), for flags a
+    template launcher passes as ``--name=value``."""
+    value = str(text).strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise ValueError(f"must be true or false, got {text!r}")
+
+
+boolean.pattern = "^(true|false|1|0|yes|no)$"
+
+
+@dataclasses.dataclass(frozen=True)
+class LongitudinalOptions(Options):
+    """The longitudinal mode of a job (``--longitudinal --eps-inf A --eps-1 B``)."""
+
+    longitudinal: bool = option(False, f"repeated collections: memoised permanent reports (eps_inf over any number "
+                                f"of reports of an unchanged state) and, with --eps-1, an instantaneous layer "
+                                f"per report; for {', '.join(SUPPORTED)}", parse=boolean)
+    eps_inf: float | None = option(None, "longitudinal: the budget of any number of reports of one state "
+                                   "(default and must equal --epsilon)", low=0.0, low_open=True, parse=float)
+    eps_1: float | None = option(None, "longitudinal: the budget of one report, <= eps_inf (default: eps_inf, "
+                                 "the memoised single layer)", low=0.0, low_open=True, parse=float)
+    second_layer: str = option(layers.SYMMETRIC, "longitudinal PCKV-UE/KS-UE: the instantaneous layer redraws a "
+                               "position from the uniform ternary distribution (symmetric, the lower variance) "
+                               "or from the permanent layer's background (sparse: reports as sparse as the "
+                               "permanent ones, for very large domains)", choices=layers.SECOND_LAYERS, parse=str)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.longitudinal and (self.eps_inf is not None or self.eps_1 is not None
+                                      or self.second_layer != layers.SYMMETRIC):
+            raise ValueError("--eps-inf, --eps-1 and --second-layer need --longitudinal")
 
 
 class Longitudinal(Mechanism):
