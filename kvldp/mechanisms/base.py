@@ -74,6 +74,15 @@ class UserBatch:
         return UserBatch(np.concatenate([[0], np.cumsum(sizes)]), self.keys[pairs], self.values[pairs],
                          self.batch_id, None if self.user_ids is None else self.user_ids[mask])
 
+    def take(self, index: np.ndarray) -> UserBatch:
+        """Users ``index[0], index[1], …`` (repeats allowed), in that order."""
+        index = np.asarray(index, dtype=np.int64)
+        sizes = self.sizes[index]
+        starts = np.repeat(self.offsets[:-1][index], sizes)
+        pairs = starts + np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        return UserBatch(np.concatenate([[0], np.cumsum(sizes)]), self.keys[pairs], self.values[pairs],
+                         self.batch_id, None if self.user_ids is None else self.user_ids[index])
+
     def with_ids(self, user_ids) -> UserBatch:
         """The same users with stable ids ``user_ids``."""
         return dataclasses.replace(self, user_ids=user_ids)

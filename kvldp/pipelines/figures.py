@@ -137,3 +137,87 @@ def plot_results(results_csv, out_dir) -> list[Path]:
             pngs.append(_plot(series, f"Coverage of ± 1.96 s.e., {label} — {dataset}", "coverage", out_dir /
                               f"{metric}.png", log=False, reference=0.95))
     return pngs
+
+
+# -- repeated collections (kvldp evaluate --collections T) ----------------------
+
+MODE_LINES = {"fresh": "-", "memoised": "--", "two-layer": ":", "fresh-eps1": "-."}
+
+
+def plot_over_time(results_csv, out_dir, top: int, churn: float) -> Path:
+    """``over_time.png``: per collection, the MSE of frequency and of mean
+    over the top-``top`` keys (log scale; the derived variance of the
+    frequency as thin lines) and each mode's cumulative privacy loss (mean
+    over users, the largest dashed-grey). One colour and marker per
+    mechanism, one line style per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = defaultdict(lambda: defaultdict(list))     # (mech, eps, mode) -> metric -> [(t, value, theory)]
+    dataset = ""
+    with open(results_csv, newline="") as fh:
+        for r in csv.DictReader(fh):
+            dataset = r["dataset"]
+            if r["key_set"] not in (f"top{top}", "users"):
+                continue
+            theory = float(r["theory"]) if r["theory"] not in ("", None) else None
+            series[(r["mechanism"], float(r["epsilon"]), r["mode"])][r["metric"]].append(
+                (int(r["collection"]), float(r["value"]), theory))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5), dpi=DPI)
+    panels = (("mse_frequency", f"MSE of frequency, top-{top} keys", True),
+              ("mse_mean", f"MSE of mean, top-{top} keys", True),
+              ("loss_mean", "cumulative privacy loss per user (eps)", False))
+    for ax, (metric, title, log) in zip(axes, panels, strict=True):
+        measured = []
+        for (mech, _, mode), metrics in sorted(series.items()):
+            pts = _by_collection(metrics.get(metric, []))
+            if not pts:
+                continue
+            look = {**style(mech), "linestyle": MODE_LINES.get(mode, "-")}
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            measured += ys
+            ax.plot(xs, ys, ms=3, label=f"{mech} {mode}", **look)
+            if metric == "mse_frequency" and all(p[2] for p in pts):
+                ax.plot(xs, [p[2] for p in pts], color=look["color"], linestyle=look["linestyle"], lw=0.6,
+                        alpha=0.6)
+            if metric == "loss_mean":
+                worst = _by_collection(metrics.get("loss_max", []))
+                if worst and any(w[1] > y for w, y in zip(worst, ys, strict=False)):
+                    ax.plot([w[0] for w in worst], [w[1] for w in worst], color=look["color"], lw=0.8, alpha=0.5,
+                            linestyle=(0, (1, 3)))
+                    measured += [w[1] for w in worst]
+        if log:
+            ax.set_yscale("log")
+        _fit_to_measurements(ax, measured, log)
+        ax.set_xlabel("collection")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[2].set_ylim(bottom=0)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize=8)
+    eps = sorted({k[1] for k in series})
+    fig.suptitle(f"{dataset}: repeated collections, churn {churn:g}, eps_inf {', '.join(f'{e:g}' for e in eps)} "
+                 "(fresh -, memoised --, two-layer :, fresh at eps_1 -.; thin: derived variance; faint dotted: "
+                 "the most-charged user)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.12, 1, 0.95))
+    path = Path(out_dir) / "over_time.png"
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _by_collection(points):
+    """Mean over repeats per collection: ``[(t, value, theory or None)]``."""
+    cells = defaultdict(list)
+    for t, value, theory in points:
+        cells[t].append((value, theory))
+    out = []
+    for t in sorted(cells):
+        vals = [v for v, _ in cells[t] if v == v]
+        ths = [th for _, th in cells[t] if th is not None]
+        if vals:
+            out.append((t, sum(vals) / len(vals), sum(ths) / len(ths) if ths else None))
+    return out
