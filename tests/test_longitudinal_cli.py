@@ -1,0 +1,74 @@
+"""``--longitudinal --eps-inf A --eps-1 B`` on the jobs: generated from
+``LongitudinalOptions``, validated before any compute, and a collector that
+is not told the mode refuses the reports instead of mis-calibrating them."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from kvldp.mechanisms.longitudinal import Longitudinal
+from kvldp.pipelines import cli, run_seed
+
+RATINGS = os.path.join(os.path.dirname(__file__), "..", "examples", "ratings.csv")
+LONGITUDINAL = ["--longitudinal", "--eps-inf", "2", "--eps-1", "0.5"]
+
+
+@pytest.mark.parametrize("command, extra", [
+    ("simulate", []),
+    ("perturb", ["--input", RATINGS, "--output", "out/R.avro"]),
+    ("publish", ["--input", RATINGS, "--topic", "projects/kvldp-demo/topics/reports"]),
+    ("collect", ["--input", "R*.avro", "--keys", "5", "--output", "e.csv"]),
+])
+def test_the_jobs_take_the_longitudinal_flags(command, extra):
+    _, config, _ = cli.configure([command, "--mechanism", "pckv-ue", "--epsilon", "2", *LONGITUDINAL, *extra])
+    chosen = getattr(config, "mechanism", None) or config.perturb.mechanism
+    assert chosen.longitudinal.eps_1 == 0.5
+    mech = chosen.make(5)
+    assert isinstance(mech, Longitudinal) and mech.eps_inf == 2.0 and mech.eps_1 == 0.5
+    assert mech.config()["longitudinal"] is True
+
+
+def test_evaluate_takes_them_for_its_collections(tmp_path):
+    _, config, _ = cli.configure(["evaluate", "--collections", "3", "--epsilons", "2", "--eps-1", "0.5",
+                                  "--out", str(tmp_path)])
+    assert config.collections == 3 and config.longitudinal.eps_1 == 0.5
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--eps-1", "0.5"], "need --longitudinal"),
+    (["--longitudinal", "--eps-inf", "3"], "differs from --epsilon"),
+    (["--longitudinal", "--eps-1", "3"], "exceeds eps_inf"),
+    (["--longitudinal=false", "--eps-1", "1"], "need --longitudinal"),
+])
+def test_inconsistent_flags_are_refused(argv, message, capsys):
+    assert cli.main(["simulate", "--mechanism", "pckv-ue", "--epsilon", "2", "--users", "100", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unsupported_mechanism_is_refused(capsys):
+    assert cli.main(["simulate", "--mechanism", "privkv", "--epsilon", "2", "--users", "100", "--longitudinal"]) == 2
+    assert "implemented for pckv-ue, pckv-grr, ks-ue, kvue" in capsys.readouterr().err
+
+
+def test_simulate_in_the_longitudinal_mode(capsys):
+    assert cli.main(["simulate", "--mechanism", "kvue", "--epsilon", "2", *LONGITUDINAL[3:], "--longitudinal",
+                     "--users", "20000", "--keys", "10", "--seed", "3", "--output", "est.jsonl"]) == 0
+    assert "longitudinal=True, eps_inf=2.0, eps_1=0.5" in capsys.readouterr().out
+    with open("est.jsonl") as fh:
+        rows = [json.loads(line) for line in fh]
+    assert len(rows) == 10 and all(r["epsilon"] == 2.0 for r in rows)
+
+
+def test_collect_without_the_mode_refuses_longitudinal_reports(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(run_seed.SEED_ENV, "1" * 32)
+    out = tmp_path / "rep" / "R.avro"
+    assert cli.main(["perturb", "--mechanism", "pckv-grr", "--epsilon", "2", *LONGITUDINAL, "--input", RATINGS,
+                     "--rating-range", "1,5", "--output", str(out)]) == 0
+    capsys.readouterr()
+    common = ["--input", str(tmp_path / "rep" / "R*.avro"), "--key-dictionary", str(tmp_path / "rep" / "R.keys.txt"),
+              "--output", str(tmp_path / "e.csv")]
+    assert cli.main(["collect", "--mechanism", "pckv-grr", "--epsilon", "2", *common]) == 2
+    assert "longitudinal" in capsys.readouterr().err
+    assert cli.main(["collect", "--mechanism", "pckv-grr", "--epsilon", "2", *LONGITUDINAL, *common]) == 0
