@@ -20,6 +20,8 @@ LONGITUDINAL = ["--longitudinal", "--eps-inf", "2", "--eps-1", "0.5"]
     ("perturb", ["--input", RATINGS, "--output", "out/R.avro"]),
     ("publish", ["--input", RATINGS, "--topic", "projects/kvldp-demo/topics/reports"]),
     ("collect", ["--input", "R*.avro", "--keys", "5", "--output", "e.csv"]),
+    ("stream", ["--subscription", "projects/kvldp-demo/subscriptions/reports-sub", "--keys", "5",
+                "--output-dir", "panes", "--window", "1m"]),
 ])
 def test_the_jobs_take_the_longitudinal_flags(command, extra):
     _, config, _ = cli.configure([command, "--mechanism", "pckv-ue", "--epsilon", "2", *LONGITUDINAL, *extra])
