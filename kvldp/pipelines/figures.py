@@ -171,9 +171,11 @@ def plot_over_time(results_csv, out_dir, top: int, churn: float) -> Path:
               ("loss_mean", "cumulative privacy loss per user (eps)", False))
     for ax, (metric, title, log) in zip(axes, panels, strict=True):
         measured = []
+        if metric == "loss_mean":
+            measured = _plot_losses(ax, series)
         for (mech, _, mode), metrics in sorted(series.items()):
             pts = _by_collection(metrics.get(metric, []))
-            if not pts:
+            if not pts or metric == "loss_mean":
                 continue
             look = {**style(mech), "linestyle": MODE_LINES.get(mode, "-")}
             xs, ys = [p[0] for p in pts], [p[1] for p in pts]
@@ -182,12 +184,6 @@ def plot_over_time(results_csv, out_dir, top: int, churn: float) -> Path:
             if metric == "mse_frequency" and all(p[2] for p in pts):
                 ax.plot(xs, [p[2] for p in pts], color=look["color"], linestyle=look["linestyle"], lw=0.6,
                         alpha=0.6)
-            if metric == "loss_mean":
-                worst = _by_collection(metrics.get("loss_max", []))
-                if worst and any(w[1] > y for w, y in zip(worst, ys, strict=False)):
-                    ax.plot([w[0] for w in worst], [w[1] for w in worst], color=look["color"], lw=0.8, alpha=0.5,
-                            linestyle=(0, (1, 3)))
-                    measured += [w[1] for w in worst]
         if log:
             ax.set_yscale("log")
         _fit_to_measurements(ax, measured, log)
@@ -200,13 +196,41 @@ def plot_over_time(results_csv, out_dir, top: int, churn: float) -> Path:
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize=8)
     eps = sorted({k[1] for k in series})
     fig.suptitle(f"{dataset}: repeated collections, churn {churn:g}, eps_inf {', '.join(f'{e:g}' for e in eps)} "
-                 "(fresh -, memoised --, two-layer :, fresh at eps_1 -.; thin: derived variance; faint dotted: "
-                 "the most-charged user)", fontsize=10)
+                 "(fresh -, memoised --, two-layer :, fresh at eps_1 -.; thin lines: the derived variance)",
+                 fontsize=10)
     fig.tight_layout(rect=(0, 0.12, 1, 0.95))
     path = Path(out_dir) / "over_time.png"
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
+
+
+def _plot_losses(ax, series) -> list[float]:
+    """The cumulative loss does not depend on the mechanism, only on the mode
+    and the users' states: one black line per (eps_inf, mode) -- the mean
+    over users, and the most-charged user thin -- with the two memoised modes
+    (charged alike) drawn once."""
+    drawn, measured = set(), []
+    for (_, eps, mode), metrics in sorted(series.items(), key=lambda kv: MODES_ORDER.index(kv[0][2])
+                                          if kv[0][2] in MODES_ORDER else 9):
+        label = {"memoised": "memoised = two-layer", "two-layer": "memoised = two-layer",
+                 "fresh-eps1": "fresh at eps_1"}.get(mode, "fresh at eps_inf")
+        if (eps, label) in drawn or not metrics.get("loss_mean"):
+            continue
+        drawn.add((eps, label))
+        line = MODE_LINES.get(mode, "-")
+        for name, lw, alpha, suffix in (("loss_mean", 1.6, 1.0, " (mean user)"), ("loss_max", 0.8, 0.6,
+                                                                                  " (most charged)")):
+            pts = _by_collection(metrics.get(name, []))
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color="black", linestyle=line, lw=lw, alpha=alpha,
+                        label=f"{label} (eps_inf {eps:g}){suffix}")
+                measured += [p[1] for p in pts]
+    ax.legend(fontsize=7, loc="upper left")
+    return measured
+
+
+MODES_ORDER = ("fresh", "memoised", "two-layer", "fresh-eps1")
 
 
 def _by_collection(points):
