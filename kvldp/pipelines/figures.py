@@ -213,8 +213,9 @@ def _plot_losses(ax, series) -> list[float]:
     drawn, measured = set(), []
     for (_, eps, mode), metrics in sorted(series.items(), key=lambda kv: MODES_ORDER.index(kv[0][2])
                                           if kv[0][2] in MODES_ORDER else 9):
-        label = {"memoised": "memoised = two-layer", "two-layer": "memoised = two-layer",
-                 "fresh-eps1": "fresh at eps_1"}.get(mode, "fresh at eps_inf")
+        label = {"memoised": f"memoised = two-layer (eps_inf {eps:g})",
+                 "two-layer": f"memoised = two-layer (eps_inf {eps:g})",
+                 "fresh-eps1": "fresh at eps_1"}.get(mode, f"fresh at eps {eps:g}")
         if (eps, label) in drawn or not metrics.get("loss_mean"):
             continue
         drawn.add((eps, label))
@@ -224,7 +225,7 @@ def _plot_losses(ax, series) -> list[float]:
             pts = _by_collection(metrics.get(name, []))
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], color="black", linestyle=line, lw=lw, alpha=alpha,
-                        label=f"{label} (eps_inf {eps:g}){suffix}")
+                        label=f"{label}{suffix}")
                 measured += [p[1] for p in pts]
     ax.legend(fontsize=7, loc="upper left")
     return measured
