@@ -136,28 +136,22 @@ class EvaluateConfig:
             top_sets = _listed(args.top_sets, int)
         except ValueError as err:
             raise ValueError(f"--epsilons and --top take comma-separated numbers: {err}") from None
-        if getattr(args, "collections", None):
-            return cls.over_time(args, mechanisms, epsilons, top_sets)
-        template = MechanismConfig.from_args(args, name=mechanisms[0] if mechanisms else "pckv-ue",
-                                             epsilon=epsilons[0] if epsilons else 1.0)
-        return cls(DataConfig.from_args(args), template, mechanisms, epsilons, int(args.repeats), args.out,
-                   top_sets, args.parallel, args.engine)
-
-    @classmethod
-    def over_time(cls, args, mechanisms, epsilons, top_sets) -> EvaluateConfig:
-        """``--collections T``: the modes carry the longitudinal mode, so
-        ``--eps-1``/``--second-layer`` are given without ``--longitudinal``."""
+        name, epsilon = mechanisms[0] if mechanisms else "pckv-ue", epsilons[0] if epsilons else 1.0
+        if not getattr(args, "collections", None):
+            template = MechanismConfig.from_args(args, name=name, epsilon=epsilon)
+            return cls(DataConfig.from_args(args), template, mechanisms, epsilons, int(args.repeats), args.out,
+                       top_sets, args.parallel, args.engine)
+        # --collections T: the modes carry the longitudinal mode, so --eps-1/--second-layer come
+        # without --longitudinal; every cell runs on the NumPy runner
         given = {f: getattr(args, f, None) for f in ("eps_1", "second_layer")}
         lon = LongitudinalOptions(longitudinal=True, **{k: v for k, v in given.items() if v is not None})
         plain = copy.copy(args)
         for f in LongitudinalOptions.field_names():
             setattr(plain, f, None)
-        template = MechanismConfig.from_args(plain, name=mechanisms[0] if mechanisms else "pckv-ue",
-                                             epsilon=epsilons[0] if epsilons else 1.0)
         period = units.parse_duration(args.period or "30d") / over_time.DAY
-        return cls(DataConfig.from_args(args), template, mechanisms, epsilons, int(args.repeats), args.out,
-                   top_sets, args.parallel, "numpy", int(args.collections),
-                   0.1 if args.churn is None else float(args.churn),
+        return cls(DataConfig.from_args(args), MechanismConfig.from_args(plain, name=name, epsilon=epsilon),
+                   mechanisms, epsilons, int(args.repeats), args.out, top_sets, args.parallel, "numpy",
+                   int(args.collections), 0.1 if args.churn is None else float(args.churn),
                    _listed(args.modes) if args.modes else over_time.MODES, lon, args.period_budget,
                    max(1, round(period)))
 

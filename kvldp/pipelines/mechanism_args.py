@@ -52,16 +52,6 @@ def add_longitudinal_args(parser: argparse.ArgumentParser):
     add_job_flags(group, LongitudinalOptions)
 
 
-def longitudinal_from_args(args) -> LongitudinalOptions | None:
-    """The longitudinal options given on the command line (``None``: none, or ``--longitudinal=false``)."""
-    given = {f: getattr(args, f, None) for f in LongitudinalOptions.field_names()}
-    given = {f: v for f, v in given.items() if v is not None}
-    if not given:
-        return None
-    opts = LongitudinalOptions(**given)
-    return opts if opts.longitudinal else None
-
-
 # Options that also serve the job when the mechanism does not take them:
 # --top sets the accuracy summary's top-t set, --coverage the choice of
 # --padding auto. They are passed to a mechanism only if it declares them.
@@ -109,9 +99,13 @@ class MechanismConfig:
         ``name`` and ``epsilon``, see ``for_cell``)."""
         options = {option: getattr(args, option, None) for option in mechanism_flags() if option != "ioh_keys"}
         names = getattr(args, "ioh_keys", None)
+        # the longitudinal mode: none given, or --longitudinal=false, is the plain mechanism
+        given = {f: getattr(args, f, None) for f in LongitudinalOptions.field_names()}
+        given = {f: v for f, v in given.items() if v is not None}
+        lon = LongitudinalOptions(**given) if given else None
         return cls(name or args.mechanism, args.epsilon if epsilon is None else epsilon, options,
                    tuple(k.strip() for k in names.split(",") if k.strip()) if names else None,
-                   getattr(args, "ioh_top", None), longitudinal_from_args(args))
+                   getattr(args, "ioh_top", None), lon if lon is not None and lon.longitudinal else None)
 
     @property
     def declared(self) -> set[str]:
