@@ -7,7 +7,12 @@ report ``3^k`` bits, a GRR report one entry. A fixed batch of 50,000 users
 is 10.5 GB for PCKV-UE on Clothing and 0.2 GB at d = 100. So the batch size
 follows the report's width:
 
-    batch = clamp(budget / (WORKING_SET_FACTOR * bytes_per_report), MIN_BATCH, DEFAULT_BATCH_SIZE)
+    batch = clamp((budget - BASELINE) / (PARALLEL_BATCHES * WORKING_SET_FACTOR * bytes_per_report),
+                  MIN_BATCH, DEFAULT_BATCH_SIZE)
+
+``budget`` is the whole process's: ``BASELINE`` is what the interpreter and
+Beam take before any batch (~0.2 GB measured), and the local runner's two
+workers each perturb a batch at once (``PARALLEL_BATCHES``).
 
 ``bytes_per_report`` is measured by perturbing a small probe batch of
 *synthetic* users (random keys and values, a fixed seed): the batch size
@@ -26,7 +31,9 @@ from .longitudinal import Longitudinal
 from .memo import DeviceKeys
 from .protocol import Collection
 
-DEFAULT_MEMORY_BUDGET = 1 << 30          # bytes per worker
+DEFAULT_MEMORY_BUDGET = 1 << 30          # bytes: the whole job's peak RSS
+BASELINE = 256 << 20                     # the interpreter, NumPy and Beam, before any batch
+PARALLEL_BATCHES = 2                     # batches perturbed at once (the local runner's two workers)
 # Peak bytes of one batch's perturb + encode per byte of its reports, measured
 # on PCKV-UE (Clothing, eps 0.5, 50k users: reports 0.58 GB, peak 10.5 GB).
 WORKING_SET_FACTOR = 20
@@ -64,6 +71,8 @@ def bytes_per_report(protocol, d: int) -> float:
 
 
 def batch_size_for(protocol, d: int, budget: int = DEFAULT_MEMORY_BUDGET) -> int:
-    """Users per batch so that one batch's working set stays within ``budget`` bytes."""
+    """Users per batch so that the job's batches in flight, on top of the
+    baseline, stay within ``budget`` bytes."""
     per_user = WORKING_SET_FACTOR * max(bytes_per_report(protocol, d), 1.0)
-    return int(np.clip(budget // per_user, MIN_BATCH, DEFAULT_BATCH_SIZE))
+    share = max(budget - BASELINE, budget // 4) / PARALLEL_BATCHES
+    return int(np.clip(share // per_user, MIN_BATCH, DEFAULT_BATCH_SIZE))

@@ -26,8 +26,9 @@ import json
 import re
 from collections.abc import Sequence
 
-import fastavro
 from apache_beam.io.filesystems import FileSystems
+
+from kvldp.schemas import envelope
 
 FORMAT = "kvldp-reports-manifest/1"
 _BATCH_FILE = re.compile(r"^(?P<prefix>.*)-(?P<batch>\d{5,})\.avro$")
@@ -56,9 +57,9 @@ def file_digest(path: str) -> dict:
 
 
 def describe_file(path: str) -> dict:
-    """``file_digest`` and the number of reports (from the Avro blocks' headers)."""
+    """``file_digest`` and the number of reports it holds."""
     with FileSystems.open(path) as fh:
-        records = sum(block.num_records for block in fastavro.block_reader(fh))
+        records = envelope.ReportContainer(fh).count()
     return {**file_digest(path), "records": records}
 
 

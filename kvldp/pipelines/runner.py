@@ -183,19 +183,27 @@ def scratch_path(beam_args: Sequence[str], name: str) -> str:
 @contextlib.contextmanager
 def scratch_scope():
     """Remove the scratch directories made inside the block when it ends,
-    however it ends."""
+    however it ends. After a dry run only local ones: a remote one was never
+    written, and asking a remote store without credentials retries for minutes."""
     _SCRATCH_SCOPES.append([])
     try:
         yield
-    finally:
+    except DryRunFinished:
+        _remove_scratch(_SCRATCH_SCOPES.pop(), remote=False)
+        raise
+    except BaseException:
         _remove_scratch(_SCRATCH_SCOPES.pop())
+        raise
+    _remove_scratch(_SCRATCH_SCOPES.pop())
 
 
-def _remove_scratch(directories: list[str]):
+def _remove_scratch(directories: list[str], remote: bool = True):
     for directory in directories:
         try:
             if "://" not in directory:
                 shutil.rmtree(directory, ignore_errors=True)
+                continue
+            if not remote:
                 continue
             found = FileSystems.match([FileSystems.join(directory, "**")])[0].metadata_list
             if found:

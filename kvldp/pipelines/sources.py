@@ -22,7 +22,7 @@ from kvldp.mechanisms.sizing import DEFAULT_MEMORY_BUDGET, batch_size_for
 from kvldp.pipelines import run_seed
 from kvldp.pipelines.runner import Progress, make_pipeline, read_array, save_array, scratch_path
 from kvldp.pipelines.units import parse_bytes, path_arg
-from kvldp.transforms.ratings import DEAD_LETTER, RatingsFormat, ReadRatings
+from kvldp.transforms.ratings import DEAD_LETTER, RatingsFormat, ReadRatings, ScanRatings
 
 DATASETS = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr", "clothing", "movielens-100k")
 
@@ -381,16 +381,15 @@ class UserSource:
 
 def derive_dictionary_and_sizes(data: DataConfig, beam_args) -> tuple[list[str], np.ndarray]:
     """The pre-pass over ratings files: the sorted distinct item ids and the
-    users' set-size histogram (``mechanisms.padding``) in one job. The
-    histogram costs nothing extra: ``ReadRatings`` assembles the users
-    anyway, and with the derived dictionary the main job accepts exactly the
-    same rows, so it is the histogram of the users the main job perturbs."""
+    users' set-size histogram (``mechanisms.padding``) in one light job
+    (``ScanRatings``: memory grows with the distinct items and users, not
+    with the rows)."""
     out, sizes = scratch_path(beam_args, "keys.txt"), scratch_path(beam_args, "set_sizes.npy")
     p = make_pipeline(beam_args)
-    read = p | "ReadRatings" >> data.read_ratings(None)
-    (read["dictionary"] | "Join" >> beam.Map("\n".join)
+    scan = p | "ScanRatings" >> ScanRatings(data.dataset, data.rating_range, data.ratings_format, data.shards)
+    (scan["dictionary"] | "Join" >> beam.Map("\n".join)
      | "Write" >> beam.io.WriteToText(out, num_shards=1, shard_name_template=""))
-    write_size_histogram(read["users"], sizes)
+    scan["sizes"] | "SaveSizes" >> beam.Map(save_array, sizes)
     with Progress():
         p.run().wait_until_finish()
     return read_dictionary(out), read_array(sizes)

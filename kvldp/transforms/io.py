@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import csv
-import functools
 import io
 import json
 from collections.abc import Mapping, Sequence
@@ -77,17 +76,9 @@ class _ReadReportFileFn(beam.DoFn):
         with element_context(readable.metadata.path), readable.open() as fh:
             container = envelope.ReportContainer(fh)
             container.check(self._config, self._protocol.round_report_type(self._round), readable.metadata.path)
-            decode = functools.partial(self._protocol.reports_from_records, self._round)
-            batch = []
-            for record in container:
-                batch.append(record)
-                if len(batch) >= self._rows:
-                    self._read.inc(len(batch))
-                    yield decode(batch)
-                    batch = []
-            if batch:
-                self._read.inc(len(batch))
-                yield decode(batch)
+            for reports in container.batches(self._protocol, self._round, rows=self._rows):
+                self._read.inc(reports.n_reports)
+                yield reports
 
 
 def report_configs(pattern: str) -> dict[str, dict]:

@@ -15,6 +15,7 @@ import codecs
 import csv
 import dataclasses
 import io
+import itertools
 import json
 import math
 import zlib
@@ -28,7 +29,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE, UserBatch
 from kvldp.mechanisms.memo import user_uid
-from kvldp.transforms import tally
+from kvldp.transforms import csv_blocks, tally
 from kvldp.transforms.context import element_context
 from kvldp.transforms.io import format_of
 
@@ -144,7 +145,8 @@ class RatingsFormat:
         if format_of(path, self.fmt) != "csv":
             return
         with FileSystems.open(path) as fh:
-            first = next(ParseRatingFileFn(self)._csv_rows(fh), None)
+            text = io.TextIOWrapper(fh, encoding=self.encoding, errors="surrogateescape", newline="")
+            first = next(ParseRatingFileFn(self)._csv_rows(text), None)
         if first is None or isinstance(first[1], _Bad):
             return                            # empty, or a bad first row: the parse reports it
         row = first[1]
@@ -159,10 +161,7 @@ class RatingsFormat:
 UNDECODABLE = "undecodable bytes"
 
 
-def _undecodable(text: str) -> bool:
-    """Whether ``text`` (decoded with ``surrogateescape``) held bytes its
-    encoding could not decode: they became lone surrogates U+DC80..U+DCFF."""
-    return any("\udc80" <= ch <= "\udcff" for ch in text)
+_undecodable = csv_blocks.is_undecodable
 
 
 def _shown(text: str, encoding: str) -> str:
@@ -186,21 +185,29 @@ class ParseRatingFileFn(beam.DoFn):
     def process(self, readable):
         path = readable.metadata.path
         fmt = format_of(path, self._format.fmt)
-        chunk = _Chunk(path)
         with element_context(path), readable.open() as fh:
-            rows = {"csv": self._csv, "jsonl": self._jsonl, "avro": self._avro}[fmt](fh, path)
-            for line, row in rows:
-                self._read.inc()
-                if isinstance(row, _Bad):      # a reason: the row is malformed
-                    self._rejected.inc()
-                    yield beam.pvalue.TaggedOutput(DEAD_LETTER, _dead(path, line, str(row), row.row))
-                    continue
-                chunk.add(line, *row)
-                if len(chunk) >= CHUNK_ROWS:
-                    yield chunk.arrays()
-                    chunk = _Chunk(path)
+            if fmt == "csv":
+                yield from self._csv(fh, path)
+            else:
+                yield from self._chunks(path, {"jsonl": self._jsonl, "avro": self._avro}[fmt](fh, path))
+
+    def _chunks(self, path: str, rows):
+        """Parsed ``(line, row)`` pairs -> chunks of arrays, and dead letters."""
+        chunk, read, rejected = _Chunk(path), 0, 0
+        for line, row in rows:
+            read += 1
+            if isinstance(row, _Bad):      # a reason: the row is malformed
+                rejected += 1
+                yield beam.pvalue.TaggedOutput(DEAD_LETTER, _dead(path, line, str(row), row.row))
+                continue
+            chunk.add(line, *row)
+            if len(chunk) >= CHUNK_ROWS:
+                yield chunk.arrays()
+                chunk = _Chunk(path)
         if len(chunk):
             yield chunk.arrays()
+        self._read.inc(read)
+        self._rejected.inc(rejected)
 
     def _fields(self, record: dict):
         u, i, r = (record.get(c) for c in self._cols)
@@ -218,10 +225,10 @@ class ParseRatingFileFn(beam.DoFn):
     def _text(self, fh, newline=None):
         return io.TextIOWrapper(fh, encoding=self._format.encoding, errors="surrogateescape", newline=newline)
 
-    def _csv_rows(self, fh):
-        """``(line, fields)`` of a CSV file, or ``(line, _Bad)`` for a row
-        the CSV parser refuses (it goes on with the next line)."""
-        reader = csv.reader(self._text(fh, newline=""), delimiter=self._format.delimiter)
+    def _csv_rows(self, text):
+        """``(line, fields)`` of CSV text, or ``(line, _Bad)`` for a row the
+        CSV parser refuses (it goes on with the next line)."""
+        reader = csv.reader(text, delimiter=self._format.delimiter)
         while True:
             try:
                 row = next(reader)
@@ -233,18 +240,66 @@ class ParseRatingFileFn(beam.DoFn):
             yield reader.line_num, row
 
     def _csv(self, fh, path: str):
+        """Blocks of the file (``csv_blocks``): a clean one parsed at once by
+        pyarrow, any other row by row by the ``csv`` module."""
         enc = self._format.encoding
-        rows = self._csv_rows(fh)
-        names = None
-        if self._format.header:
-            first = next(rows, None)
-            if first is None:
+        if "\n,\"a".encode(enc, "replace") != b"\n,\"a":     # UTF-16 & co.: no byte-level line ends
+            text = io.TextIOWrapper(fh, encoding=enc, errors="surrogateescape", newline="")
+            rows = self._csv_rows(text)
+            head = next(rows, None)
+            names, skip = self._csv_names_of(head, path)
+            if names is None:
                 return
-            line, header = first
-            if isinstance(header, _Bad) or _undecodable("".join(header)):
-                raise ValueError(f"{path}: the header row cannot be read as {enc} CSV; set --encoding")
-            names = [h.strip().lstrip("\ufeff") for h in header]
+            yield from self._chunks(path, self._csv_records(rows if skip else itertools.chain([head], rows), names))
+            return
+        names = None
+        for start, whole in csv_blocks.blocks(fh):
+            first_line, block = start, whole
+            if names is None:             # the header, or the first row's width
+                names, skip = self._csv_names(block, path)
+                if names is None:
+                    return
+                newline = block.find(b"\n")
+                first_line += skip
+                block = block[newline + 1:] if skip and newline >= 0 else (b"" if skip else block)
+                if not block:
+                    continue
+            parsed = csv_blocks.parse_clean_block(block, first_line, names, self._cols, self._format.delimiter,
+                                                  self._format.encoding)
+            if parsed is not None:
+                self._read.inc(len(parsed["lines"]))
+                yield {"source": path, **parsed}
+                continue
+            text = io.StringIO(block.decode(self._format.encoding, "surrogateescape"), newline="")
+            rows = ((first_line - 1 + line, row) for line, row in self._csv_rows(text))
+            yield from self._chunks(path, self._csv_records(rows, names))
+
+    def _csv_names(self, block: bytes, path: str):
+        """``(column names, 1 if the first line is a header else 0)`` from a
+        file's first block (``None`` names: an empty file)."""
+        text = io.StringIO(block.decode(self._format.encoding, "surrogateescape"), newline="")
+        return self._csv_names_of(next(self._csv_rows(text), None), path)
+
+    def _csv_names_of(self, first, path: str):
+        """The column names from a file's first parsed row (``first``: ``(line, row)``)."""
+        enc = self._format.encoding
+        if first is None:
+            return None, 0
+        row = first[1]
+        if not self._format.header:
+            names = self._format.headerless_names(0 if isinstance(row, _Bad) else len(row))
             self._format.check_columns(names, path)
+            return names, 0
+        if isinstance(row, _Bad) or _undecodable("".join(row)):
+            raise ValueError(f"{path}: the header row cannot be read as {enc} CSV; set --encoding")
+        names = [h.strip().lstrip("\ufeff") for h in row]
+        self._format.check_columns(names, path)
+        return names, 1
+
+    def _csv_records(self, rows, names):
+        """Checked rows: undecodable, wrong width, missing or non-numeric
+        fields become reasons."""
+        enc = self._format.encoding
         for line, row in rows:
             if isinstance(row, _Bad):
                 yield line, row
@@ -254,9 +309,6 @@ class ParseRatingFileFn(beam.DoFn):
             if _undecodable("".join(row)):
                 yield line, _bad(f"{UNDECODABLE} (not {enc}; set --encoding)", [_shown(x, enc) for x in row])
                 continue
-            if names is None:
-                names = self._format.headerless_names(len(row))
-                self._format.check_columns(names, path)
             if len(row) != len(names):
                 yield line, _bad(f"malformed row: {len(row)} fields, {len(names)} expected", row)
                 continue
@@ -444,6 +496,80 @@ class ReadRatings(beam.PTransform):
         dead = ((parsed[DEAD_LETTER], valid[DEAD_LETTER], users[DEAD_LETTER])
                 | "DeadLetters" >> beam.Flatten())
         return {"users": users.users, DEAD_LETTER: dead, "dictionary": dictionary}
+
+
+def _valid_rating_rows(chunk: dict, rating_range) -> dict:
+    """The rows of a parsed chunk whose rating is finite and in range."""
+    lo, hi = rating_range
+    r = chunk["ratings"]
+    ok = np.isfinite(r) & (r >= lo) & (r <= hi)
+    return {"users": chunk["users"][ok], "items": chunk["items"][ok]}
+
+
+def _user_counts_by_shard(chunk: dict, shards: int):
+    """``(shard, (distinct users, their row counts))`` of one chunk."""
+    users, counts = np.unique(chunk["users"].astype(str), return_counts=True)
+    shard = np.fromiter((stable_shard(u, shards) for u in users), dtype=np.int64, count=len(users))
+    for s in np.unique(shard):
+        m = shard == s
+        yield int(s), (users[m], counts[m])
+
+
+def _shard_size_histogram(element) -> np.ndarray:
+    """The set sizes of one shard's users: their row counts summed over chunks."""
+    _, parts = element
+    parts = list(parts)
+    users = np.concatenate([u for u, _ in parts])
+    counts = np.concatenate([c for _, c in parts])
+    _, owner = np.unique(users, return_inverse=True)
+    return np.bincount(np.bincount(owner, weights=counts).astype(np.int64))
+
+
+class ScanRatings(beam.PTransform):
+    """The light pre-pass over ratings files: ``pattern -> {"dictionary":
+    [sorted item ids], "sizes": the users' set-size histogram}``.
+
+    Memory grows with the distinct items and users, never with the rows:
+    items are made distinct chunk by chunk, and a user's rows are counted
+    per chunk and the counts summed per user shard (``ReadRatings``, which
+    assembles every user's pairs, holds every row). The rows counted, and
+    whose items make the dictionary, are those with a finite rating in
+    range (an item only a rejected row names is not published); a key a user holds twice (which the
+    main job rejects) counts twice here, so ``sizes`` can exceed the main
+    job's by those rare users."""
+
+    def __init__(self, pattern: str, rating_range=(-1.0, 1.0), ratings_format: RatingsFormat | None = None,
+                 shards: int = 16, label: str | None = None):
+        super().__init__(label)
+        self._pattern, self._range, self._shards = pattern, tuple(rating_range), shards
+        self._parse = ParseRatingFileFn(ratings_format or RatingsFormat())
+
+    def expand(self, pbegin):
+        rows = (pbegin
+                | "Match" >> fileio.MatchFiles(self._pattern)
+                | "Open" >> fileio.ReadMatches()
+                | "Parse" >> beam.ParDo(self._parse).with_outputs(DEAD_LETTER, main="rows"))
+        valid = rows.rows | "InRange" >> beam.Map(_valid_rating_rows, self._range)
+        dictionary = (valid
+                      | "Items" >> beam.FlatMap(lambda c: set(c["items"].tolist()))
+                      | "DistinctItems" >> beam.Distinct()
+                      | "SortItems" >> beam.combiners.ToList()
+                      | "Sorted" >> beam.Map(sorted))
+        sizes = (valid
+                 | "CountRows" >> beam.FlatMap(_user_counts_by_shard, self._shards)
+                 | "GroupShards" >> beam.GroupByKey()
+                 | "ShardSizes" >> beam.Map(_shard_size_histogram)
+                 | "SumSizes" >> beam.CombineGlobally(_sum_histograms))
+        return {"dictionary": dictionary, "sizes": sizes}
+
+
+def _sum_histograms(histograms) -> np.ndarray:
+    out = np.zeros(1, dtype=np.int64)
+    for h in histograms:
+        if len(h) > len(out):
+            out = np.pad(out, (0, len(h) - len(out)))
+        out[:len(h)] += h
+    return out
 
 
 def write_dead_letters(dead, path: str):
