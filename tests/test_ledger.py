@@ -3,14 +3,19 @@
 and the run summary that counts who sat a collection out."""
 from __future__ import annotations
 
+import csv
 import os
+import sqlite3
 import stat
 
+import fastavro
 import numpy as np
 import pytest
 
 from kvldp.mechanisms.ledger import Policy, PrivacyLedger
+from kvldp.mechanisms.memo import user_uid
 from kvldp.pipelines import cli, run_seed
+from kvldp.pipelines.units import parse_instant_ms
 
 DAY = 86400.0
 SEED = 0x5EED0F1ED6E50000000000000000ABCD
@@ -91,6 +96,63 @@ def test_longitudinal_collections_charge_only_changed_states(tmp_path, capsys, m
     # the memoised permanent reports repeat, the instantaneous layer does not
     one, two = (tmp_path / "out" / f"R{c}-00000.avro" for c in (1, 2))
     assert one.read_bytes() != two.read_bytes()
+
+
+def _reports_sent(prefix) -> int:
+    """Reports in the files perturb wrote for the collector."""
+    total = 0
+    for path in prefix.parent.glob(f"{prefix.name}-*.avro"):
+        with open(path, "rb") as fh:
+            total += sum(int(r["n_reports"]) for r in fastavro.reader(fh))
+    return total
+
+
+def test_only_users_whose_state_changed_sit_out_and_the_period_rolls_over(tmp_path, capsys, monkeypatch):
+    """Longitudinal PCKV-UE, eps_inf 2, period budget 3 over 7 days. Day 1:
+    everyone reports (2 each). Day 2: 300 users re-rated; a new state would
+    cost 2 more (4 > 3), so exactly they sit out and send nothing, while the
+    unchanged users report their memoised state for free. Day 9: day 1 has
+    left the window, so the changed users report (2) and the others still
+    pay nothing."""
+    monkeypatch.setenv(run_seed.SEED_ENV, f"{SEED:032x}")
+    with open(RATINGS, newline="") as fh:
+        rows = list(csv.reader(fh))
+    users = sorted({r[0] for r in rows[1:]})
+    changed = set(users[:300])
+    rerated = tmp_path / "rerated.csv"
+    with open(rerated, "w", newline="") as fh:
+        csv.writer(fh).writerows([rows[0]] + [[u, item, str(int(r) % 5 + 1) if u in changed else r]
+                                              for u, item, r in rows[1:]])
+    lon = ("--mechanism", "pckv-ue", "--epsilon", "2", "--longitudinal", "--eps-1", "0.5")
+    ledger = tmp_path / "state" / "ledger.sqlite"
+
+    def collection(c, day, ratings):
+        assert cli.main(["perturb", *lon, "--input", str(ratings), "--rating-range", "1,5",
+                         "--output", str(tmp_path / "out" / f"R{c}.avro"), "--collection-id", f"{c:032x}",
+                         "--ledger", str(ledger), "--period-budget", "3", "--period", "7d",
+                         "--collection-time", f"2026-03-{day}T06:00:00"]) == 0
+        out, err = capsys.readouterr()
+        return out, err, _reports_sent(tmp_path / "out" / f"R{c}")
+
+    out, _, sent = collection(1, "01", RATINGS)
+    assert "2000 users reported, 0 sat it out" in out and "eps charged this collection: 4000 " in out
+    assert sent == 2000
+    out, err, sent = collection(2, "02", rerated)
+    assert "1700 users reported, 300 sat it out (period budget 3 over 7 d; they sent nothing); eps charged " \
+           "this collection: 0 " in out
+    assert "WARNING: 300 users sat collection" in err
+    assert sent == 1700                                   # the 300 sent nothing
+    with sqlite3.connect(ledger) as db:
+        sat = {d for (d,) in db.execute("SELECT device FROM spends WHERE collection = ? AND reported = 0",
+                                         (f"{2:032x}",))}
+    assert sat == set(np.asarray(user_uid(sorted(changed)), dtype=np.uint64).view(np.int64).tolist())
+    out, _, sent = collection(3, "09", rerated)           # 8 days after day 1: its charges left the window
+    assert "2000 users reported, 0 sat it out" in out and "eps charged this collection: 600 " in out
+    assert sent == 2000
+    with PrivacyLedger(str(ledger)) as book:
+        ids = user_uid(users)
+        spent = book.spent(ids, parse_instant_ms("2026-03-09T06:00:00") / 1000, 7 * DAY)
+    np.testing.assert_allclose(spent, [2.0 if u in changed else 0.0 for u in users])
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -101,6 +101,62 @@ def test_same_state_same_permanent_report_in_every_collection_and_layout(name):
     assert np.mean([x == y for x, y in zip(a, b, strict=True)]) < 0.6
 
 
+def _pooled_chi2_pvalue(counts: np.ndarray, expect: np.ndarray, n: int) -> float:
+    """Chi-square goodness of fit with the cells expected below 5 pooled into one."""
+    assert counts[expect == 0].sum() == 0, "an output the exact distribution gives probability 0"
+    big = n * expect >= 5
+    obs = np.append(counts[big], counts[~big & (expect > 0)].sum())
+    exp = np.append(n * expect[big], n * expect[~big & (expect > 0)].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    return float(stats.chi2.sf(((obs - exp) ** 2 / exp).sum(), len(obs) - 1))
+
+
+@pytest.mark.parametrize("name, d, options", SMALL, ids=[c[0] for c in SMALL])
+@pytest.mark.parametrize("eps_1", [None, 1.0])
+def test_reports_of_two_collections_follow_the_audited_joint_distribution(name, d, options, eps_1):
+    """What the exact audits enumerate (``joint_output_probabilities(state, 2)``:
+    one permanent draw, an instantaneous draw per report) is what the devices
+    send in two collections: the same batch generator (a persistent run seed)
+    and only the collection id differing, devices holding one state draw pairs
+    of reports with exactly that joint distribution (chi-square over devices)."""
+    n = 60_000
+    for i, state in enumerate(STATES[:2]):
+        users = same_state_devices(state, n, first_id=i * n)
+        first, second = (small(name, d, options, eps_1, collection=c).perturb(users, batch_rng(3, i))
+                         for c in ("2026-03-01", "2026-03-02"))
+        expect = small(name, d, options, eps_1).joint_output_probabilities(state, 2)
+        width = round(np.sqrt(len(expect)))
+        joint = report_index(small(name, d, options, eps_1), first) * width + report_index(
+            small(name, d, options, eps_1), second)
+        counts = np.bincount(joint, minlength=len(expect))
+        assert len(counts) == len(expect)
+        assert _pooled_chi2_pvalue(counts, expect, n) > P_MIN, state
+        if eps_1 is None:                     # the memoised single layer: the same report twice
+            assert first.equals(second)
+        else:                                 # two-layer: the reports differ as often as the audit says
+            same = np.trace(expect.reshape(width, width))
+            assert abs(np.mean(joint // width == joint % width) - same) < 5 * np.sqrt(same * (1 - same) / n)
+
+
+@pytest.mark.parametrize("name", ["pckv-grr", "pckv-ue", "ks-ue"])
+def test_the_memoised_sample_does_not_depend_on_the_order_pairs_are_listed_in(name):
+    """A device holding more pairs than the padding ``l`` samples one of them
+    in its permanent layer. The memo key is order-free (the canonical state
+    sorts by key), so the sample must be too: the same uniforms over another
+    listing would pick another pair and show a second key of an unchanged state."""
+    pairs = [(0, 1.0), (3, -1.0), (5, 1.0), (7, 0.5)]
+    mech = longitudinal(registry.make(name, 10, 2.0, padding=2), None, DeviceKeys.from_seed(1), "c")
+    listed = mech.permanent_reports(same_state_devices(pairs, 5_000))
+    for other in (pairs[::-1], pairs[2:] + pairs[:2]):
+        assert mech.permanent_reports(same_state_devices(other, 5_000)).equals(listed)
+    # and the samples are spread over the pairs (not always the first listed)
+    keys = listed.positions if name == "pckv-grr" else None
+    if keys is not None:
+        held = np.isin(keys, [k for k, _ in pairs])
+        assert len(np.unique(keys[held])) == len(pairs)
+
+
 @pytest.mark.parametrize("name, d, options", SMALL, ids=[c[0] for c in SMALL])
 def test_changed_state_gives_a_fresh_independent_report(name, d, options):
     mech = small(name, d, options, None)

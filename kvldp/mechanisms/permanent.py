@@ -17,6 +17,7 @@ collection. Stream layout (uniform index: use):
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -35,9 +36,22 @@ def _sign(u: np.ndarray) -> np.ndarray:
     return np.where(u < 0.5, 1, -1).astype(np.int8)
 
 
+def by_key(users: UserBatch) -> UserBatch:
+    """The same users with each one's pairs sorted by key: the canonical
+    order of ``c(S)`` (memo.py)."""
+    order = np.lexsort((users.keys, users.owners))
+    if np.array_equal(order, np.arange(len(order))):
+        return users
+    return dataclasses.replace(users, keys=users.keys[order], values=users.values[order])
+
+
 def memo_padded_pair(users: UserBatch, d: int, l: int, U: np.ndarray):
-    """Memoised padding-and-sampling: ``(keys, x)`` from ``U[:, 0:3]``."""
-    keys, values = pick_padded_pair(users, d, l, U[:, 0], np.floor(U[:, 1] * l).astype(np.int64))
+    """Memoised padding-and-sampling: ``(keys, x)`` from ``U[:, 0:3]``.
+    Slot ``r`` names the ``r``-th pair *by key* (``by_key``), so the choice is a
+    function of the state, not of the order a source lists the pairs in: the
+    memo key ``mu_u(S)`` is order-free, and the same uniforms over another
+    order would pick another pair -- a second key of an unchanged state."""
+    keys, values = pick_padded_pair(by_key(users), d, l, U[:, 0], np.floor(U[:, 1] * l).astype(np.int64))
     return keys, np.where(U[:, 2] < (1.0 + values) / 2.0, 1, -1).astype(np.int8)
 
 
