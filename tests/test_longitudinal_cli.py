@@ -74,3 +74,24 @@ def test_collect_without_the_mode_refuses_longitudinal_reports(tmp_path, capsys,
     assert cli.main(["collect", "--mechanism", "pckv-grr", "--epsilon", "2", *common]) == 2
     assert "longitudinal" in capsys.readouterr().err
     assert cli.main(["collect", "--mechanism", "pckv-grr", "--epsilon", "2", *LONGITUDINAL, *common]) == 0
+
+
+def test_perturb_warns_when_the_permanent_configuration_may_drift(tmp_path, capsys, monkeypatch):
+    """The key indices and ``cfg`` are part of every memo key: a dictionary
+    derived from this run's ratings or ``--padding auto`` can change between
+    collections (every state then new again), so the job says so; with a
+    fixed catalogue and padding it does not."""
+    monkeypatch.setenv(run_seed.SEED_ENV, "2" * 32)
+    with open(RATINGS) as fh:
+        items = sorted({line.split(",")[1] for line in fh.read().splitlines()[1:]})
+    catalogue = tmp_path / "catalogue.txt"
+    catalogue.write_text("\n".join(items) + "\n")
+    common = ["perturb", "--mechanism", "pckv-ue", "--epsilon", "2", "--longitudinal", "--input", RATINGS,
+              "--rating-range", "1,5"]
+    assert cli.main([*common, "--padding", "auto", "--output", str(tmp_path / "a" / "R.avro")]) == 0
+    err = capsys.readouterr().err
+    assert "recognises an unchanged state only under the same configuration" in err
+    assert "pass the same --key-dictionary" in err and "--padding auto measures" in err
+    assert cli.main([*common, "--padding", "2", "--key-dictionary", str(catalogue),
+                     "--output", str(tmp_path / "b" / "R.avro")]) == 0
+    assert "same configuration" not in capsys.readouterr().err

@@ -111,6 +111,25 @@ def warn_unless_persistent(mechanism, seed_origin: str | None, out=None):
               "--seed-file or $KVLDP_SEED", file=out or sys.stderr)
 
 
+def warn_unless_stable(mechanism, derived_dictionary: bool, padding_auto: bool, out=None):
+    """The permanent layer's configuration is part of every memo key (memo.py's
+    ``cfg`` and the key indices of ``c(S)``): a key dictionary derived from this
+    run's ratings (it grows with new items and renumbers keys) or a padding
+    chosen from this run's set sizes can change between collections, and then
+    every state is new again (the ledger charges eps_inf again: still sound,
+    but the bound over time is gone)."""
+    if not isinstance(mechanism, Longitudinal):
+        return
+    unstable = [what for what, flag in (("the key dictionary is derived from this run's ratings (pass the same "
+                                         "--key-dictionary every collection)", derived_dictionary),
+                                        ("--padding auto measures this run's set sizes (fix --padding)",
+                                         padding_auto)) if flag]
+    if unstable:
+        print(f"WARNING: --longitudinal recognises an unchanged state only under the same configuration in every "
+              f"collection, but {'; '.join(unstable)}: if it changes, every state is new (costs eps_inf again)",
+              file=out or sys.stderr)
+
+
 def print_ledger_summary(gate: LedgerGate | None, out=None) -> dict | None:
     """Who reported and who sat the collection out (never silently)."""
     if gate is None:

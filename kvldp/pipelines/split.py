@@ -20,6 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from kvldp import schemas
 from kvldp.datasets import SyntheticDataset
+from kvldp.mechanisms.params import AUTO
 from kvldp.mechanisms.protocol import Collection
 from kvldp.pipelines import devices, manifest, mechanism_args, report, run_seed, runner, sources
 from kvldp.pipelines.devices import LedgerConfig
@@ -227,6 +228,8 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
     # the perturbing side's secrets (longitudinal device keys) and ledger: never in round_cfg or the manifest
     mechanism = devices.perturbing_side(mechanism, seeds.perturb, state.collection.id)
     devices.warn_unless_persistent(mechanism, data.seed_origin)
+    devices.warn_unless_stable(mechanism, dictionary is not None and not data.key_dictionary,
+                               chosen.get("padding") == AUTO)
     gate = config.ledger.gate(mechanism, seeds.perturb, state.collection.id, beam_args)
     stale = [] if runner.is_dry_run(beam_args) else manifest.clear(prefix)     # a dry run touches no file
     if stale:
