@@ -174,3 +174,26 @@ def test_perturb_refuses_a_ledger_beside_the_reports(tmp_path, capsys, monkeypat
                      "1,5", "--output", str(tmp_path / "R.avro"), "--collection-id", "1" * 32,
                      "--ledger", str(tmp_path / "ledger.sqlite")])
     assert code == 2 and "must stay on the perturbing side" in capsys.readouterr().err
+
+
+def test_a_gate_admits_from_another_thread_than_the_one_that_opened_it(tmp_path):
+    """A runner may run a DoFn's next bundle on another thread: the gate's
+    connection must follow it (one bundle at a time)."""
+    import threading
+
+    from kvldp.mechanisms import registry
+    from kvldp.mechanisms.base import UserBatch
+    from kvldp.mechanisms.ledger import LedgerGate
+    from kvldp.mechanisms.memo import DeviceKeys
+
+    gate = LedgerGate(str(tmp_path / "l.sqlite"), policy("c1", 0, cost=1.0, budget=1.5), DeviceKeys.from_seed(3))
+    mech = registry.make("pckv-grr", 5, 1.0)
+    users = UserBatch(np.arange(4), np.array([0, 1, 2]), np.array([1.0, -1.0, 0.5]), 0, np.arange(3))
+    first = gate.admit(mech, users)[1]                 # opens the connection on this thread
+    later = []
+    worker = threading.Thread(target=lambda: later.append(gate.admit(mech, users.subset(np.array([1, 0, 1],
+                                                                                             bool)))[1]))
+    worker.start()                                      # (this thread lives on: its ident is not reused)
+    worker.join()
+    assert first.reports.tolist() == [True, True, True]
+    assert len(later) == 1 and later[0].reports.tolist() == [True, True]   # the same draw: the recorded decision

@@ -105,7 +105,10 @@ class PrivacyLedger:
         if not os.path.exists(self.path):
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
             os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
-        self._db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
+        # check_same_thread=False: a runner may hand a DoFn (and its gate's connection) to another
+        # thread between bundles; one DoFn instance never runs two bundles at once, and every
+        # admission is one BEGIN IMMEDIATE transaction, so the connection is never shared concurrently
+        self._db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
         self._db.executescript(SCHEMA)
 
     def close(self):
