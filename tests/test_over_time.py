@@ -78,6 +78,21 @@ def test_evaluate_collections_scores_every_collection_and_charges_the_ledger(tmp
     # the derived variance comes with every longitudinal row (and with fresh PCKV-UE's Theorem 4)
     assert all(float(r["theory"]) > 0 for r in mse if r["mode"] in ("memoised", "two-layer")
                or r["mechanism"] == "pckv-ue")
+    # raw rows beside the clipped ones: PCKV's clipping of f into [1/n, 1] (which holds every true f here)
+    # is a projection, so it never adds error (KVUE's clips state counts, which can); and the raw
+    # estimate's MSE is its derived variance (fresh modes: 20 keys x 4 independent collections per cell,
+    # MSE/Var ~ chi2_80/80, s.d. 0.16; 4 s.d.)
+    raw = {(r["mechanism"], r["mode"], r["collection"]): r for r in rows
+           if r["metric"] == "mse_frequency_raw" and r["key_set"] == "all"}
+    assert len(raw) == len(mse)
+    for r in mse:
+        if r["mechanism"] == "pckv-ue":
+            assert float(r["value"]) <= float(raw[(r["mechanism"], r["mode"], r["collection"])]["value"]) + 1e-15
+    for mech, mode in (("pckv-ue", "fresh"), ("pckv-ue", "fresh-eps1")):
+        cell = [r for k, r in raw.items() if k[:2] == (mech, mode)]
+        ratio = sum(float(r["value"]) for r in cell) / sum(float(r["theory"]) for r in cell)
+        assert abs(ratio - 1) < 4 * np.sqrt(2 / 80), (mech, mode, ratio)
+    assert "raw MSE f / derived variance" in text
     assert cli.main(argv) == 0                                   # a rerun resumes: nothing left to run
     assert "8 cells done, 0 to run" in capsys.readouterr().out
 

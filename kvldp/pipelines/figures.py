@@ -146,8 +146,9 @@ MODE_LINES = {"fresh": "-", "memoised": "--", "two-layer": ":", "fresh-eps1": "-
 
 def plot_over_time(results_csv, out_dir, top: int, churn: float) -> Path:
     """``over_time.png``: per collection, the MSE of frequency and of mean
-    over the top-``top`` keys (log scale; the derived variance of the
-    frequency as thin lines) and each mode's cumulative privacy loss (mean
+    over the top-``top`` keys of the clipped estimates (log scale; the
+    derived variance of the raw frequency estimate as thin lines: the clipped
+    MSE sits below it where the noise is large against ``f``) and each mode's cumulative privacy loss (mean
     over users, the largest dashed-grey). One colour and marker per
     mechanism, one line style per mode."""
     import matplotlib
@@ -196,7 +197,9 @@ def plot_over_time(results_csv, out_dir, top: int, churn: float) -> Path:
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize=8)
     eps = sorted({k[1] for k in series})
     fig.suptitle(f"{dataset}: repeated collections, churn {churn:g}, eps_inf {', '.join(f'{e:g}' for e in eps)} "
-                 "(fresh -, memoised --, two-layer :, fresh at eps_1 -.; thin lines: the derived variance)",
+                 "(fresh -, memoised --, two-layer :, fresh at eps_1 -.)\nMSE of the clipped estimates; thin lines: "
+                 "the derived variance of the raw ones (clipping at 0 takes up to half of it where the noise "
+                 "exceeds f)",
                  fontsize=10)
     fig.tight_layout(rect=(0, 0.12, 1, 0.95))
     path = Path(out_dir) / "over_time.png"

@@ -29,7 +29,8 @@ and the exact audit finds two PCKV-GRR reports at ``(2, 0.5)`` losing 1.16
 out and the estimate is over the users who reported.
 
 Rows (``results.csv``): per collection, the MSE of frequency and mean over
-all keys and the top-``t`` keys (with the derived variance as theory), the
+all keys and the top-``t`` keys, clipped and raw (``score``; theory: the
+derived variance of the raw estimate), the
 mean and largest cumulative loss, the reporting users and the effective
 churn. ``over_time.png``: per-collection MSE and cumulative loss by mode.
 """
@@ -160,12 +161,20 @@ def run_cell(cell, config) -> list[dict]:
 
 
 def score(est, f, m, theory, tops, info) -> list[dict]:
+    """MSE rows of one collection: of the clipped estimates (``mse_frequency``,
+    ``mse_mean``: what a user of the estimates gets) and of the raw ones
+    (``…_raw``: unbiased, so their MSE is the derived variance). ``theory``
+    is the derived variance of the *raw* estimate on both: where the noise is
+    large against ``f`` (rare keys, small eps) clipping at 0 takes up to half
+    of it away, so a clipped MSE sits below its theory line."""
     rows = []
     sets = [("all", np.arange(len(f)))] + [(f"top{t}", metrics.top_keys(f, t)) for t in tops]
     for label, keys in sets:
         held = keys[np.isfinite(m[keys])]
         for metric, values, truth, th, where in (("mse_frequency", est.frequency, f, 0, keys),
-                                                 ("mse_mean", est.mean, m, 1, held)):
+                                                 ("mse_mean", est.mean, m, 1, held),
+                                                 ("mse_frequency_raw", est.frequency_raw, f, 0, keys),
+                                                 ("mse_mean_raw", est.mean_raw, m, 1, held)):
             expected = "" if theory is None or theory[th] is None or not len(where) else \
                 float(np.mean(np.asarray(theory[th])[where]))
             rows.append({**info, "metric": metric, "key_set": label, "value": metrics.mse(values, truth, where),
@@ -258,15 +267,19 @@ def run(config) -> dict:
 
 def summary(rows: list[dict], top: int) -> str:
     """Markdown: per mechanism, eps and mode, the MSEs averaged over the
-    collections and repeats, and the cumulative loss after the last one."""
+    collections and repeats, the cumulative loss after the last one, and the
+    raw estimate's MSE over its derived variance (summed over collections)."""
     table: dict = {}
     last = max((int(r["collection"]) for r in rows), default=0)
     for r in rows:
         key = (r["mechanism"], float(r["epsilon"]), r["mode"])
-        cell = table.setdefault(key, {"f": [], "m": [], "loss": [], "max": [], "report": []})
+        cell = table.setdefault(key, {"f": [], "m": [], "loss": [], "max": [], "report": [], "raw": [], "var": []})
         value = float(r["value"])
         if r["metric"] == "mse_frequency" and r["key_set"] == f"top{top}":
             cell["f"].append(value)
+        elif r["metric"] == "mse_frequency_raw" and r["key_set"] == f"top{top}" and r["theory"] not in ("", None):
+            cell["raw"].append(value)
+            cell["var"].append(float(r["theory"]))
         elif r["metric"] == "mse_mean" and r["key_set"] == f"top{top}":
             cell["m"].append(value)
         elif r["metric"] in ("loss_mean", "loss_max") and int(r["collection"]) == last:
@@ -274,8 +287,10 @@ def summary(rows: list[dict], top: int) -> str:
         elif r["metric"] == "reporting":
             cell["report"].append(value)
     out = [f"| mechanism | eps_inf | mode | MSE f (top {top}) | MSE m (top {top}) | loss after {last} (mean / max) "
-           "| reporting users (mean) |", "|---|---|---|---|---|---|---|"]
+           f"| reporting users (mean) | raw MSE f / derived variance (top {top}) |",
+           "|---|---|---|---|---|---|---|---|"]
     for (mech, eps, mode), c in sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][1], MODES.index(kv[0][2]))):
+        ratio = f"{np.sum(c['raw']) / np.sum(c['var']):.3g}" if c["var"] else "–"
         out.append(f"| {mech} | {eps:g} | {mode} | {np.nanmean(c['f']):.3g} | {np.nanmean(c['m']):.3g} | "
-                   f"{np.mean(c['loss']):.3g} / {np.max(c['max']):.3g} | {np.mean(c['report']):.0f} |")
+                   f"{np.mean(c['loss']):.3g} / {np.max(c['max']):.3g} | {np.mean(c['report']):.0f} | {ratio} |")
     return "\n".join(out) + "\n"
