@@ -12,22 +12,32 @@ from kvldp.mechanisms.base import Estimates
 from kvldp.mechanisms.protocol import Protocol
 from kvldp.mechanisms.query import pattern_truth
 from kvldp.mechanisms.truth import truth_counts, truth_from_counts
-from kvldp.schemas.records import estimate_records, ioh_counts_record
+from kvldp.schemas.estimate_table import EstimateTable
+from kvldp.schemas.records import ioh_counts_record
 from kvldp.transforms.accumulate import ArraySumCombineFn
 from kvldp.transforms.rounds import CollectRound, RunProtocol
 
 
-def to_records(est: Estimates, key_names: Sequence[str], truth=None, keys: Sequence[int] | None = None,
-               rating_range: tuple[float, float] | None = None):
-    """Estimate records; ``keys`` selects the dictionary entries the estimates
-    are about (all by default; IOH estimates its chosen keys only);
-    ``rating_range``: the ratings' own scale, for the means on it."""
-    keys = list(range(len(key_names))) if keys is None else list(keys)
-    names = [key_names[k] for k in keys]
+def to_table(est: Estimates, key_names: Sequence[str], truth=None, keys: Sequence[int] | None = None,
+             rating_range: tuple[float, float] | None = None) -> EstimateTable:
+    """The run's estimates as one ``EstimateTable``; ``keys`` selects the
+    dictionary entries the estimates are about (all by default; IOH estimates
+    its chosen keys only); ``rating_range``: the ratings' own scale, for the
+    means on it."""
+    every = keys is None or keys == range(len(key_names))
+    names = key_names if every else [key_names[k] for k in keys]
     if truth is None:
-        return estimate_records(est, names, rating_range=rating_range)
+        return EstimateTable(est, names, rating_range=rating_range)
     f, m = truth_from_counts(truth, len(key_names))
-    return estimate_records(est, names, f[keys], m[keys], rating_range=rating_range)
+    if not every:
+        f, m = f[list(keys)], m[list(keys)]
+    return EstimateTable(est, names, f, m, rating_range=rating_range)
+
+
+def to_records(est: Estimates, key_names: Sequence[str], truth=None, keys: Sequence[int] | None = None,
+               rating_range: tuple[float, float] | None = None) -> list[dict]:
+    """``to_table``'s records as a list."""
+    return list(to_table(est, key_names, truth, keys, rating_range).records())
 
 
 def truth_sum(users, d: int):
@@ -38,13 +48,14 @@ def truth_sum(users, d: int):
 
 
 def records_of(state, protocol: Protocol, key_names, truth=None, rating_range=None):
-    """``state -> estimate records`` (with the true values when ``truth``, a
-    one-element PCollection of ``truth_sum``)."""
+    """``state -> EstimateTable`` (one element; with the true values when
+    ``truth``, a one-element PCollection of ``truth_sum``): the records are
+    built as ``WriteEstimates`` writes them, never d elements in the runner."""
     extra = [] if truth is None else [AsSingleton(truth)]
     return (state
             | "Estimates" >> beam.Map(protocol.estimates)
-            | "ToRecords" >> beam.FlatMap(to_records, AsSingleton(key_names), *extra, keys=protocol.estimate_keys,
-                                          rating_range=rating_range))
+            | "ToTable" >> beam.Map(to_table, AsSingleton(key_names), *extra, keys=protocol.estimate_keys,
+                                      rating_range=rating_range))
 
 
 def simulate_graph(users, protocol: Protocol, seed: int, key_names, fanout: int | None = None, truth: bool = True,

@@ -37,6 +37,7 @@ from kvldp.transforms.io import (
     check_report_files,
     report_config,
 )
+from kvldp.transforms.key_names import CreateKeyNames
 from kvldp.transforms.perturb import Perturb
 from kvldp.transforms.ratings import write_dead_letters
 
@@ -391,7 +392,7 @@ def run_collect(config: CollectConfig, beam_args) -> dict:
     mechanism = chosen.make(len(names), ioh_keys=ioh_keys, padding=padding)
     r, previous, expected = collect_start(config, mechanism, names, found)
     p = runner.make_pipeline(beam_args)
-    key_names = p | "KeyNames" >> beam.Create([names])
+    key_names = p | "KeyNames" >> CreateKeyNames(names)
     reports = p | "ReadReports" >> ReadReports(config.input, mechanism, r, expected)
     # reports -> counts of round r -> the state after round r -> records
     scale = config.rating_range or (manifest.rating_scale(config.input) if config.require_manifest else None)

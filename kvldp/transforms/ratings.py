@@ -32,6 +32,7 @@ from kvldp.mechanisms.memo import user_uid
 from kvldp.transforms import csv_blocks, tally
 from kvldp.transforms.context import element_context
 from kvldp.transforms.io import format_of
+from kvldp.transforms.key_names import CreateKeyNames
 
 DEAD_LETTER = "dead_letter"
 CHUNK_ROWS = DEFAULT_BATCH_SIZE
@@ -480,7 +481,7 @@ class ReadRatings(beam.PTransform):
                   | "Parse" >> beam.ParDo(self._parse).with_outputs(DEAD_LETTER, main="rows"))
         # rows: chunk dicts; dictionary: [item ids] (index = key)
         if self._dictionary is not None:
-            dictionary = pbegin | "Dictionary" >> beam.Create([list(self._dictionary)])
+            dictionary = pbegin | "Dictionary" >> CreateKeyNames(self._dictionary)
         else:
             dictionary = (parsed.rows
                           | "Items" >> beam.FlatMap(lambda c: set(c["items"].tolist()))
