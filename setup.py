@@ -18,13 +18,14 @@ setup(
         "fastavro>=1.8",
         # the clients' noise: AES-CTR / ChaCha20 bit generators for numpy (mechanisms/randomness.py)
         "randomgen>=2.1",
+        # memoised reports: AES-ECB over every device's blocks at once (mechanisms/memo.py)
+        "cryptography>=41",
         "google-cloud-storage>=2.10",
         "matplotlib>=3.7",
         "tqdm>=4.60",
     ],
     extras_require={
-        # cryptography: an independent AES for the noise generator's known-answer test
-        "test": ["pytest>=7", "gcp-storage-emulator>=2026.7.18", "cryptography>=41"],
+        "test": ["pytest>=7", "gcp-storage-emulator>=2026.7.18"],
         # kvldp bench --sweep --kernels: the peer LDP libraries, timed next to kvldp
         "bench": ["pure-ldp==1.2.0", "multi-freq-ldpy==0.2.5", "scikit-learn", "statsmodels"],   # pure-LDP imports both
     },

@@ -42,7 +42,8 @@ def readme_commands() -> list[str]:
 
 def small(argv: list[str]) -> list[str]:
     """The command at a small size: at most 20,000 users, one repeat, two
-    epsilons, real datasets resampled to 3,000 users, bench once."""
+    epsilons, three collections, real datasets resampled to 3,000 users,
+    bench once."""
     out = list(argv)
 
     def cap(flag, value):
@@ -54,8 +55,11 @@ def small(argv: list[str]) -> list[str]:
     cap("--users", lambda v: str(min(int(v), 20_000)))
     cap("--repeats", lambda v: "1")
     cap("--epsilons", lambda v: ",".join(v.split(",")[:2]))
+    cap("--collections", lambda v: "3")
     if out[0] == "evaluate" and "--preset" in out:
         out += ["--users", "20000", "--repeats", "1", "--epsilons", "1,4"]
+        if out[out.index("--preset") + 1] == "longitudinal":
+            out += ["--collections", "3"]
     if out[0] in ("simulate", "evaluate") and "clothing" in out:
         out += ["--resample-users", "3000"]
     if out[0] == "bench":

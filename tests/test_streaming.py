@@ -331,3 +331,34 @@ def test_a_multi_round_protocol_runs_one_round_per_window(pubsub, tmp_path, mech
         assert cli.main(["collect", *common, "--round", str(r), *extra, "--keys", str(D),
                          "--input", str(directory / "R*.avro"), "--output", str(est)]) == 0
         assert_same_estimates(by_round[r], {x["key"]: x for x in read_estimates(str(est))})
+
+
+def test_publish_with_a_ledger_sends_nothing_for_users_over_their_period_budget(pubsub, tmp_path, monkeypatch,  # noqa: F811
+                                                                                capsys):
+    """``publish --ledger --period-budget``: the device side in a box keeps the
+    ledger too. Day 1 every user's reports go out; day 2 a fresh draw would
+    exceed the budget, so the messages carry no report at all and the run
+    says who sat it out."""
+    import io
+
+    import fastavro
+
+    from kvldp.pipelines import run_seed
+
+    monkeypatch.setenv(run_seed.SEED_ENV, "5eed" * 8)
+    ratings = Path(__file__).parent.parent / "examples" / "ratings.csv"
+    topic, sub = pubsub.topic_and_subscription("ledger")
+    sent = []
+    for day in (1, 2):
+        assert cli.main(["publish", "--mechanism", "pckv-grr", "--epsilon", "2", "--input", str(ratings),
+                         "--rating-range", "1,5", "--output", str(tmp_path / f"day{day}" / "R.avro"),
+                         "--topic", topic, "--collection-id", f"{day:032x}",
+                         "--ledger", str(tmp_path / "device-side" / "ledger.sqlite"), "--period-budget", "3",
+                         "--period", "30d", "--collection-time", f"2026-03-0{day}T06:00:00"]) == 0
+        out = capsys.readouterr().out
+        messages = pubsub.drain(sub)
+        assert messages
+        sent.append(sum(int(r["n_reports"]) for m in messages for r in fastavro.reader(io.BytesIO(m.data))))
+        reported, sat = (2000, 0) if day == 1 else (0, 2000)
+        assert f"{reported} users reported, {sat} sat it out (period budget 3 over 30 d" in out
+    assert sent == [2000, 0]

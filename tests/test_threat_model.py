@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import fastavro
+import numpy as np
 import pytest
 
 from kvldp.pipelines import cli, run_seed
@@ -149,3 +150,69 @@ def test_perturb_without_a_dictionary_warns_that_it_publishes_the_items(raw_side
     names = (tmp_path / "rep" / "R.keys.txt").read_text().split()
     assert set(UNLISTED) <= set(names)          # what the warning is about
     assert os.path.exists(raw / "kvldp-rejected" / "R.rejected.jsonl")
+
+
+def secret_encodings(secret: bytes) -> set[bytes]:
+    """16 secret bytes as a file or a log might carry them."""
+    number = int.from_bytes(secret, "big")
+    texts = {secret.hex(), secret.hex().upper(), base64.b64encode(secret).decode(), str(number), f"{number:x}"}
+    return {t.encode() for t in texts} | {secret, secret[::-1]}
+
+
+def test_longitudinal_ledger_and_device_secrets_never_reach_the_collector(tmp_path, raw_side, capfd, caplog,
+                                                                          monkeypatch):
+    """Two scheduled collections with memoised two-layer reports and a ledger:
+    every file shipped to the collector and everything either job prints is
+    free of the run seed, the memoisation master and its derived keys, every
+    device secret, and the ledger (its file, rows, device ids, fingerprints)."""
+    import sqlite3
+
+    from kvldp.mechanisms.memo import DeviceKeys, kdf, master_from_seed, user_uid
+
+    raw, rows = raw_side
+    reports, collector, private = tmp_path / "reports", tmp_path / "collector", tmp_path / "private"
+    for d in (reports, collector, private):
+        d.mkdir()
+    ledger = private / "ledger.sqlite"
+    monkeypatch.setenv(run_seed.SEED_ENV, f"{SEED:032x}")
+    caplog.set_level(logging.INFO)
+    mech = ["--mechanism", "pckv-ue", "--epsilon", "2", "--longitudinal", "--eps-1", "0.5"]
+    logs = b""
+    for c in (1, 2):
+        assert cli.main(["perturb", *mech, "--input", str(raw / "ratings.csv"), "--rating-range", "1,5",
+                         "--key-dictionary", str(raw / "catalogue.txt"), "--shards", "2",
+                         "--output", str(reports / f"R{c}.avro"), "--collection-id", f"{c:032x}",
+                         "--ledger", str(ledger), "--period-budget", "4", "--period", "30d",
+                         "--collection-time", f"2026-05-0{c}T00:00:00"]) == 0
+        assert cli.main(["collect", *mech, "--input", str(reports / f"R{c}-*.avro"),
+                         "--key-dictionary", str(reports / f"R{c}.keys.txt"),
+                         "--output", str(collector / f"est{c}.avro")]) == 0
+        out, err = capfd.readouterr()
+        logs += (out + err).encode()
+    logs += "\n".join(r.getMessage() for r in caplog.records).encode()
+
+    master = master_from_seed(SEED)
+    secrets = {bytes(s) for s in DeviceKeys(master).device_secrets(user_uid(USERS)).astype(">u8").view(np.uint8)
+               .reshape(-1, 16)} | {bytes(s) for s in DeviceKeys(master).device_secrets(user_uid(USERS))
+                                    .view(np.uint8).reshape(-1, 16)}
+    with sqlite3.connect(ledger) as db:
+        spends = db.execute("SELECT device, fingerprint FROM spends").fetchall()
+    assert len(spends) == 2 * len(USERS)
+    needles = {"the seed": seed_encodings(SEED),
+               "the memoisation master": secret_encodings(master),
+               "a derived memo key": secret_encodings(kdf(master, b"permutation")) | secret_encodings(
+                   kdf(master, b"device")),
+               "a device secret": {v for s in secrets for v in secret_encodings(s)},
+               "the ledger": {b"SQLite format 3", b"CREATE TABLE", str(ledger).encode(), ledger.name.encode()},
+               "a ledger device id": {str(d).encode() for d, _ in spends} | {
+                   int(d).to_bytes(8, "big", signed=True) for d, _ in spends},
+               "a state fingerprint": {str(f).encode() for _, f in spends},
+               "a raw rating row": {row.encode() for row in rows},
+               "a user id": {u.encode() for u in USERS}}
+    shipped = sorted(p for d in (reports, collector) for p in d.rglob("*") if p.is_file())
+    blobs = {str(p.relative_to(tmp_path)): readable_forms(p) for p in shipped}
+    blobs["the jobs' output"] = [logs]
+    assert leaks(blobs, needles) == []
+    # Positive control: the ledger holds what the scan looks for.
+    found = leaks({"ledger": [ledger.read_bytes()]}, needles)
+    assert "the ledger in ledger" in found and "a ledger device id in ledger" in found

@@ -22,6 +22,10 @@ def _same(a: UserBatch, b: UserBatch):
         x, y = getattr(a, name), getattr(b, name)
         assert x.dtype == y.dtype and np.array_equal(x, y)
         assert x.flags.writeable
+    # the stable user ids the longitudinal mode derives device secrets from
+    assert (a.user_ids is None) == (b.user_ids is None)
+    if a.user_ids is not None:
+        assert a.user_ids.dtype == b.user_ids.dtype and np.array_equal(a.user_ids, b.user_ids)
 
 
 BATCHES = {
@@ -29,6 +33,10 @@ BATCHES = {
     "several pairs": SyntheticDataset("multi", n_users=3_000, d=40, seed=5).batch(2, 0, 3_000),
     "wide keys": UserBatch(np.array([0, 2, 2, 5]), np.array([0, 70_000, 3, 2**40, 9]),
                            np.array([-1.0, 1.0, 0.1, -0.3, np.nextafter(0.0, 1.0)]), 11),
+    "hashed user ids": UserBatch(np.array([0, 1, 3, 3]), np.array([4, 0, 2]), np.array([1.0, -0.5, 0.25]), 3,
+                                 np.array([2**64 - 1, 17, 2**63], dtype=np.uint64)),
+    "consecutive ids at the top": UserBatch(np.array([0, 1, 2]), np.array([1, 1]), np.array([0.5, -0.5]), 1,
+                                            np.array([2**64 - 2, 2**64 - 1], dtype=np.uint64)),
     "no users": UserBatch(np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0), 4),
     "users without pairs": UserBatch(np.zeros(4, np.int64), np.zeros(0, np.int64), np.zeros(0), 0),
 }

@@ -88,6 +88,10 @@ class SyntheticDataset(Dataset):
         self.__post_init__()
 
     def batch(self, batch_id: int, start: int, stop: int) -> UserBatch:
+        """Users ``start … stop-1`` (their ids: these indices)."""
+        return self._generate(batch_id, start, stop).with_ids(np.arange(start, stop))
+
+    def _generate(self, batch_id: int, start: int, stop: int) -> UserBatch:
         rng = batch_rng(self.seed, batch_id, STREAM_DATA)
         n = stop - start
         if self.kind == "uu":

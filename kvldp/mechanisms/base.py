@@ -29,12 +29,16 @@ class UserBatch:
     User ``i`` holds the pairs ``keys[offsets[i]:offsets[i+1]]`` with values
     ``values[...]`` in ``[-1, 1]``; keys of one user are distinct. ``batch_id``
     identifies the batch for seeding (never element order, DESIGN.md).
+    ``user_ids`` (``uint64``, optional): a stable id per user, the same in
+    every collection (a dataset's index, or a hash of a ratings file's user
+    id); memoised reports derive each device's secret from it (memo.py).
     """
 
     offsets: np.ndarray
     keys: np.ndarray
     values: np.ndarray
     batch_id: int = 0
+    user_ids: np.ndarray | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "offsets", np.asarray(self.offsets, dtype=np.int64))
@@ -44,6 +48,10 @@ class UserBatch:
             raise ValueError("offsets must be a 1-D array starting at 0")
         if self.offsets[-1] != len(self.keys) or len(self.keys) != len(self.values):
             raise ValueError("offsets[-1], len(keys) and len(values) must agree")
+        if self.user_ids is not None:
+            object.__setattr__(self, "user_ids", np.asarray(self.user_ids, dtype=np.uint64))
+            if self.user_ids.shape != (self.n_users,):
+                raise ValueError("user_ids needs one id per user")
 
     @property
     def n_users(self) -> int:
@@ -64,7 +72,20 @@ class UserBatch:
         sizes = self.sizes[mask]
         pairs = np.repeat(mask, self.sizes)
         return UserBatch(np.concatenate([[0], np.cumsum(sizes)]), self.keys[pairs], self.values[pairs],
-                         self.batch_id)
+                         self.batch_id, None if self.user_ids is None else self.user_ids[mask])
+
+    def take(self, index: np.ndarray) -> UserBatch:
+        """Users ``index[0], index[1], …`` (repeats allowed), in that order."""
+        index = np.asarray(index, dtype=np.int64)
+        sizes = self.sizes[index]
+        starts = np.repeat(self.offsets[:-1][index], sizes)
+        pairs = starts + np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        return UserBatch(np.concatenate([[0], np.cumsum(sizes)]), self.keys[pairs], self.values[pairs],
+                         self.batch_id, None if self.user_ids is None else self.user_ids[index])
+
+    def with_ids(self, user_ids) -> UserBatch:
+        """The same users with stable ids ``user_ids``."""
+        return dataclasses.replace(self, user_ids=user_ids)
 
     @classmethod
     def single_pair(cls, keys, values, batch_id: int = 0) -> UserBatch:
@@ -75,11 +96,14 @@ class UserBatch:
     @classmethod
     def concat(cls, batches: Sequence[UserBatch], batch_id: int = 0) -> UserBatch:
         sizes = np.concatenate([b.sizes for b in batches]) if batches else np.zeros(0, np.int64)
+        ids = None
+        if batches and all(b.user_ids is not None for b in batches):
+            ids = np.concatenate([b.user_ids for b in batches])
         return cls(
             np.concatenate([[0], np.cumsum(sizes)]),
             np.concatenate([b.keys for b in batches]) if batches else np.zeros(0),
             np.concatenate([b.values for b in batches]) if batches else np.zeros(0),
-            batch_id,
+            batch_id, ids,
         )
 
 

@@ -101,6 +101,24 @@ def batch_rng(seed: int, batch_id: int, stream: int = STREAM_PERTURB, round_inde
     return np.random.Generator(np.random.PCG64DXSM(ss))
 
 
+INSTANT_PERSON = b"kvldp-irr-v1"
+
+
+def collection_generator(rng: np.random.Generator, collection: str) -> np.random.Generator:
+    """A cryptographic generator for one collection's instantaneous layer
+    (longitudinal.py): 128 bits drawn from the batch's generator (a function
+    of the run seed, batch and round), BLAKE2b-keyed with them over the
+    public collection id, key an AES-CTR (ChaCha20) generator. So every
+    collection draws fresh instantaneous noise, and a retried bundle of one
+    collection the same."""
+    material = rng.bytes(16)
+    digest = hashlib.blake2b(str(collection).encode("utf-8"), digest_size=16, key=material, person=INSTANT_PERSON)
+    key = int.from_bytes(digest.digest(), "big")
+    from randomgen import AESCounter, ChaCha
+    bits = AESCounter(key=key) if has_aes_instructions() else ChaCha(key=key, rounds=20)
+    return np.random.Generator(bits)
+
+
 def bernoulli_positions(total: int, prob: float, rng: np.random.Generator) -> np.ndarray:
     """Sorted indices in ``[0, total)`` of i.i.d. Bernoulli(prob) successes.
 

@@ -33,13 +33,25 @@ def padding_and_sampling(users: UserBatch, d: int, l: int, rng: np.random.Genera
     if l < 1:
         raise ValueError(f"padding length l must be >= 1, got {l}")
     n = users.n_users
+    slot_uniforms = rng.random(n)
+    keys, values = pick_padded_pair(users, d, l, slot_uniforms, rng.integers(0, l, size=n))
+    return keys, discretise(values, rng)
+
+
+def pick_padded_pair(users: UserBatch, d: int, l: int, slot_uniforms: np.ndarray, dummy: np.ndarray):
+    """Padding-and-sampling's choice given its randomness: ``slot_uniforms``
+    (uniform on [0, 1), one per user) and ``dummy`` (which of the ``l``
+    dummies, one per user). Returns ``(keys, values)``; a dummy's value is 0.
+
+    One uniform decides "real pair r" (r < |S|) or "dummy" (r >= |S|): r
+    uniform on [0, max(|S|, l)) makes every real pair equally likely and
+    P(real) = |S| / max(|S|, l). (The memoised layer, longitudinal.py, calls
+    it with the device's permanent uniforms.)"""
+    n = users.n_users
     sizes = users.sizes
-    # One uniform draw decides "real pair r" (r < |S|) or "dummy" (r >= |S|):
-    # r uniform on [0, max(|S|, l)) makes every real pair equally likely and
-    # P(real) = |S| / max(|S|, l).
-    slots = np.floor(rng.random(n) * np.maximum(sizes, l)).astype(np.int64)
+    slots = np.floor(slot_uniforms * np.maximum(sizes, l)).astype(np.int64)
     real = slots < sizes
-    dummy = d + rng.integers(0, l, size=n)
+    dummy = d + np.asarray(dummy, dtype=np.int64)
     pair_index = users.offsets[:-1] + np.minimum(slots, np.maximum(sizes - 1, 0))
     safe_index = np.where(real, pair_index, 0)
     if len(users.keys):
@@ -47,7 +59,7 @@ def padding_and_sampling(users: UserBatch, d: int, l: int, rng: np.random.Genera
         values = np.where(real, users.values[safe_index], 0.0)
     else:
         keys, values = dummy, np.zeros(n)
-    return keys.astype(np.int64), discretise(values, rng)
+    return keys.astype(np.int64), values
 
 
 def padding_sampling_distribution(pairs: Sequence[tuple[int, float]], d: int, l: int) -> np.ndarray:
@@ -70,8 +82,15 @@ def uniform_key_sampling(users: UserBatch, d: int, rng: np.random.Generator):
     Returns ``(j, held, values)``: whether user ``i`` holds ``j`` and its value
     (0 where not held). Lookup is vectorised with a sorted (user, key) index.
     """
+    j = rng.integers(0, d, size=users.n_users)
+    held, values = canonical_pairs(users, d, j)
+    return j, held, values
+
+
+def canonical_pairs(users: UserBatch, d: int, j: np.ndarray):
+    """``(held, values)``: whether user ``i`` holds key ``j[i]`` and its value
+    (0 where not held)."""
     n = users.n_users
-    j = rng.integers(0, d, size=n)
     flat = users.owners * d + users.keys
     order = np.argsort(flat, kind="stable")
     sorted_flat = flat[order]
@@ -80,4 +99,4 @@ def uniform_key_sampling(users: UserBatch, d: int, rng: np.random.Generator):
     pos_clip = np.minimum(pos, max(len(sorted_flat) - 1, 0))
     held = (pos < len(sorted_flat)) & (sorted_flat[pos_clip] == query) if len(sorted_flat) else np.zeros(n, bool)
     values = np.where(held, users.values[order][pos_clip] if len(sorted_flat) else 0.0, 0.0)
-    return j, held, values
+    return held, values

@@ -27,6 +27,8 @@ import dataclasses
 import numpy as np
 
 from .base import DEFAULT_BATCH_SIZE, UserBatch
+from .longitudinal import Longitudinal
+from .memo import DeviceKeys
 from .protocol import Collection
 
 DEFAULT_MEMORY_BUDGET = 1 << 30          # bytes: the whole job's peak RSS
@@ -53,13 +55,15 @@ def probe_users(d: int, pairs_per_user: int, n: int = PROBE_USERS) -> UserBatch:
     keys = np.argsort(rng.random((n, d)), axis=1)[:, :size] if d <= 4096 else \
         np.stack([rng.choice(d, size, replace=False) for _ in range(n)])
     values = rng.uniform(-1, 1, n * size)
-    return UserBatch(np.arange(n + 1) * size, keys.ravel(), values)
+    return UserBatch(np.arange(n + 1) * size, keys.ravel(), values, 0, np.arange(n))
 
 
 def bytes_per_report(protocol, d: int) -> float:
     """Mean report bytes per user of round 1, over a synthetic probe batch."""
-    pairs = int(getattr(protocol, "l", None) or 2)
+    pairs = int(getattr(protocol, "l", None) or getattr(getattr(protocol, "permanent", None), "l", None) or 2)
     users = probe_users(d, pairs)
+    if isinstance(protocol, Longitudinal):     # probe devices: keys of their own, never the run's
+        protocol = protocol.with_keys(DeviceKeys.from_seed(PROBE_SEED), "probe")
     state = protocol.initial_state(Collection.from_seed(PROBE_SEED))
     reports = protocol.perturb_round(0, protocol.participants(0, users, state),
                                      np.random.default_rng(PROBE_SEED), state)

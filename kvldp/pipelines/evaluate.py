@@ -33,7 +33,8 @@ from tqdm import tqdm
 
 from kvldp.mechanisms import metrics, registry
 from kvldp.mechanisms.local import run_local
-from kvldp.pipelines import figures, mechanism_args, runner, simulate, sources, sweep
+from kvldp.mechanisms.longitudinal import LongitudinalOptions
+from kvldp.pipelines import figures, mechanism_args, over_time, runner, simulate, sources, sweep, units
 from kvldp.pipelines.graphs import to_records
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.presets import PRESETS
@@ -61,6 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--top", "--top-sets", dest="top_sets", default=None,
                         help="top-t key sets to score, e.g. 20,50 (default 50); KS-GRR/KS-Adap use the largest as t")
     mechanism_args.add_mechanism_args(parser, single=False)
+    mechanism_args.add_longitudinal_args(parser)
+    over_time.add_arguments(parser)
     sources.add_dataset_args(parser)
     sources.add_fast_rng_arg(parser)
     parser.set_defaults(users=None, keys=None, dataset=None)     # so a preset can fill them
@@ -102,6 +105,13 @@ class EvaluateConfig:
     top_sets: tuple[int, ...] = (50,)
     parallel: int = 1
     engine: str = "beam"
+    # repeated collections (over_time.py): None runs the (mechanism, epsilon, repeat) sweep
+    collections: int | None = None
+    churn: float = 0.1
+    modes: tuple[str, ...] = over_time.MODES
+    longitudinal: LongitudinalOptions | None = None       # --eps-1, --second-layer of the modes
+    period_budget: float | None = None
+    period_collections: int | None = None
 
     def __post_init__(self):
         for name in self.mechanisms:
@@ -110,6 +120,12 @@ class EvaluateConfig:
             raise ValueError("evaluate needs at least one mechanism, epsilon and top-t set")
         if self.engine not in ("beam", "numpy"):
             raise ValueError(f"--engine is beam or numpy, not {self.engine!r}")
+        unknown = set(self.modes) - set(over_time.MODES)
+        if unknown or not self.modes:
+            raise ValueError(f"--modes are of {', '.join(over_time.MODES)}, got {', '.join(sorted(unknown))}")
+        needs = set(self.modes) & set(over_time.NEEDS_EPS_1)
+        if self.collections and needs and (self.longitudinal is None or self.longitudinal.eps_1 is None):
+            raise ValueError(f"the {', '.join(sorted(needs))} mode(s) need --eps-1 (or leave them out of --modes)")
 
     @classmethod
     def from_args(cls, args) -> EvaluateConfig:
@@ -120,10 +136,24 @@ class EvaluateConfig:
             top_sets = _listed(args.top_sets, int)
         except ValueError as err:
             raise ValueError(f"--epsilons and --top take comma-separated numbers: {err}") from None
-        template = MechanismConfig.from_args(args, name=mechanisms[0] if mechanisms else "pckv-ue",
-                                             epsilon=epsilons[0] if epsilons else 1.0)
-        return cls(DataConfig.from_args(args), template, mechanisms, epsilons, int(args.repeats), args.out,
-                   top_sets, args.parallel, args.engine)
+        name, epsilon = mechanisms[0] if mechanisms else "pckv-ue", epsilons[0] if epsilons else 1.0
+        if not getattr(args, "collections", None):
+            template = MechanismConfig.from_args(args, name=name, epsilon=epsilon)
+            return cls(DataConfig.from_args(args), template, mechanisms, epsilons, int(args.repeats), args.out,
+                       top_sets, args.parallel, args.engine)
+        # --collections T: the modes carry the longitudinal mode, so --eps-1/--second-layer come
+        # without --longitudinal; every cell runs on the NumPy runner
+        given = {f: getattr(args, f, None) for f in ("eps_1", "second_layer")}
+        lon = LongitudinalOptions(longitudinal=True, **{k: v for k, v in given.items() if v is not None})
+        plain = copy.copy(args)
+        for f in LongitudinalOptions.field_names():
+            setattr(plain, f, None)
+        period = units.parse_duration(args.period or "30d") / over_time.DAY
+        return cls(DataConfig.from_args(args), MechanismConfig.from_args(plain, name=name, epsilon=epsilon),
+                   mechanisms, epsilons, int(args.repeats), args.out, top_sets, args.parallel, "numpy",
+                   int(args.collections), 0.1 if args.churn is None else float(args.churn),
+                   _listed(args.modes) if args.modes else over_time.MODES, lon, args.period_budget,
+                   max(1, round(period)))
 
     def cells(self) -> list[tuple[str, float, int]]:
         return [(m, e, r) for m in self.mechanisms for e in self.epsilons for r in range(self.repeats)]
@@ -272,6 +302,8 @@ def run_cell_task(config: EvaluateConfig, beam_args, out_dir: str, cell) -> list
 
 
 def run(config: EvaluateConfig, beam_args) -> dict:
+    if config.collections:
+        return over_time.run(config)
     out_dir = Path(config.out)
     (out_dir / "runs").mkdir(parents=True, exist_ok=True)
     store = sweep.CellStore(out_dir, FIELDS)

@@ -137,3 +137,115 @@ def plot_results(results_csv, out_dir) -> list[Path]:
             pngs.append(_plot(series, f"Coverage of ± 1.96 s.e., {label} — {dataset}", "coverage", out_dir /
                               f"{metric}.png", log=False, reference=0.95))
     return pngs
+
+
+# -- repeated collections (kvldp evaluate --collections T) ----------------------
+
+MODE_LINES = {"fresh": "-", "memoised": "--", "two-layer": ":", "fresh-eps1": "-."}
+
+
+def plot_over_time(results_csv, out_dir, top: int, churn: float) -> Path:
+    """``over_time.png``: per collection, the MSE of frequency and of mean
+    over the top-``top`` keys of the clipped estimates (log scale; the
+    derived variance of the raw frequency estimate as thin lines: the clipped
+    MSE sits below it where the noise is large against ``f``) and each mode's cumulative privacy loss (mean
+    over users, the largest dashed-grey). One colour and marker per
+    mechanism, one line style per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = defaultdict(lambda: defaultdict(list))     # (mech, eps, mode) -> metric -> [(t, value, theory)]
+    dataset = ""
+    with open(results_csv, newline="") as fh:
+        for r in csv.DictReader(fh):
+            dataset = r["dataset"]
+            if r["key_set"] not in (f"top{top}", "users"):
+                continue
+            theory = float(r["theory"]) if r["theory"] not in ("", None) else None
+            series[(r["mechanism"], float(r["epsilon"]), r["mode"])][r["metric"]].append(
+                (int(r["collection"]), float(r["value"]), theory))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5), dpi=DPI)
+    panels = (("mse_frequency", f"MSE of frequency, top-{top} keys", True),
+              ("mse_mean", f"MSE of mean, top-{top} keys", True),
+              ("loss_mean", "cumulative privacy loss per user (eps)", False))
+    for ax, (metric, title, log) in zip(axes, panels, strict=True):
+        measured = []
+        if metric == "loss_mean":
+            measured = _plot_losses(ax, series)
+        for (mech, _, mode), metrics in sorted(series.items()):
+            pts = _by_collection(metrics.get(metric, []))
+            if not pts or metric == "loss_mean":
+                continue
+            look = {**style(mech), "linestyle": MODE_LINES.get(mode, "-")}
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            measured += ys
+            ax.plot(xs, ys, ms=3, label=f"{mech} {mode}", **look)
+            if metric == "mse_frequency" and all(p[2] for p in pts):
+                ax.plot(xs, [p[2] for p in pts], color=look["color"], linestyle=look["linestyle"], lw=0.6,
+                        alpha=0.6)
+        if log:
+            ax.set_yscale("log")
+        _fit_to_measurements(ax, measured, log)
+        ax.set_xlabel("collection")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[2].set_ylim(bottom=0)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize=8)
+    eps = sorted({k[1] for k in series})
+    fig.suptitle(f"{dataset}: repeated collections, churn {churn:g}, eps_inf {', '.join(f'{e:g}' for e in eps)} "
+                 "(fresh -, memoised --, two-layer :, fresh at eps_1 -.)\nMSE of the clipped estimates; thin lines: "
+                 "the derived variance of the raw ones (clipping at 0 takes up to half of it where the noise "
+                 "exceeds f)",
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0.12, 1, 0.95))
+    path = Path(out_dir) / "over_time.png"
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _plot_losses(ax, series) -> list[float]:
+    """The cumulative loss does not depend on the mechanism, only on the mode
+    and the users' states: one black line per (eps_inf, mode) -- the mean
+    over users, and the most-charged user thin -- with the two memoised modes
+    (charged alike) drawn once."""
+    drawn, measured = set(), []
+    for (_, eps, mode), metrics in sorted(series.items(), key=lambda kv: MODES_ORDER.index(kv[0][2])
+                                          if kv[0][2] in MODES_ORDER else 9):
+        label = {"memoised": f"memoised = two-layer (eps_inf {eps:g})",
+                 "two-layer": f"memoised = two-layer (eps_inf {eps:g})",
+                 "fresh-eps1": "fresh at eps_1"}.get(mode, f"fresh at eps {eps:g}")
+        if (eps, label) in drawn or not metrics.get("loss_mean"):
+            continue
+        drawn.add((eps, label))
+        line = MODE_LINES.get(mode, "-")
+        for name, lw, alpha, suffix in (("loss_mean", 1.6, 1.0, " (mean user)"), ("loss_max", 0.8, 0.6,
+                                                                                  " (most charged)")):
+            pts = _by_collection(metrics.get(name, []))
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color="black", linestyle=line, lw=lw, alpha=alpha,
+                        label=f"{label}{suffix}")
+                measured += [p[1] for p in pts]
+    ax.legend(fontsize=7, loc="upper left")
+    return measured
+
+
+MODES_ORDER = ("fresh", "memoised", "two-layer", "fresh-eps1")
+
+
+def _by_collection(points):
+    """Mean over repeats per collection: ``[(t, value, theory or None)]``."""
+    cells = defaultdict(list)
+    for t, value, theory in points:
+        cells[t].append((value, theory))
+    out = []
+    for t in sorted(cells):
+        vals = [v for v, _ in cells[t] if v == v]
+        ths = [th for _, th in cells[t] if th is not None]
+        if vals:
+            out.append((t, sum(vals) / len(vals), sum(ths) / len(ths) if ths else None))
+    return out

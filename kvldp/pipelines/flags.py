@@ -97,6 +97,32 @@ def add_mechanism_flags(group, exclude=()) -> list[str]:
     return added
 
 
+def job_flags(options_type) -> dict[str, Flag]:
+    """The flags of a job-level options class (``longitudinal.LongitudinalOptions``):
+    one per field, as for the mechanisms' options."""
+    return {f.name: Flag(f.name, describe(f), []) for f in dataclasses.fields(options_type)}
+
+
+def add_job_flags(group, options_type) -> list[str]:
+    """Add one flag per field of ``options_type`` (default ``None``: the
+    class's own). A boolean field is a switch that also takes a value
+    (``--longitudinal`` or ``--longitudinal=true``, as a template launcher
+    passes it)."""
+    added = []
+    for f in dataclasses.fields(options_type):
+        flag = Flag(f.name, describe(f), [])
+        rng = range_text(flag.meta)
+        kwargs = {"type": _argparse_type(flag), "default": None, "dest": f.name,
+                  "help": f"{flag.meta['help']}{f' (allowed: {rng})' if rng else ''}"}
+        if isinstance(f.default, bool):
+            kwargs.update(nargs="?", const=True, metavar="true|false")
+        elif flag.meta.get("choices"):
+            kwargs["choices"] = flag.meta["choices"]
+        group.add_argument(flag_name(f.name), **kwargs)
+        added.append(f.name)
+    return added
+
+
 # Modules outside pipeline_options that define options of their runners: a
 # runner imports its module only when it is built, after this check.
 RUNNER_OPTION_MODULES = ("apache_beam.runners.render", "apache_beam.yaml.options",

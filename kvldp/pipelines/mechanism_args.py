@@ -10,8 +10,9 @@ import numpy as np
 
 from kvldp.datasets import Dataset
 from kvldp.mechanisms import registry
+from kvldp.mechanisms.longitudinal import SUPPORTED, LongitudinalOptions, longitudinal
 from kvldp.mechanisms.params import AUTO
-from kvldp.pipelines.flags import add_mechanism_flags, mechanism_flags, option_type
+from kvldp.pipelines.flags import add_job_flags, add_mechanism_flags, mechanism_flags, option_type
 from kvldp.pipelines.sources import DataConfig, key_frequencies
 
 AUTO_PADDING = AUTO
@@ -42,6 +43,17 @@ def add_mechanism_args(parser: argparse.ArgumentParser, single: bool = True, eps
                       help="IOH: use the top-d most frequent keys of the data (default 5; d <= 10)")
 
 
+def add_longitudinal_args(parser: argparse.ArgumentParser):
+    """``--longitudinal --eps-inf A --eps-1 B --second-layer …``, generated
+    from ``longitudinal.LongitudinalOptions``."""
+    group = parser.add_argument_group(
+        "longitudinal mode (repeated collections; mechanisms/longitudinal.py)",
+        "An unchanged state sends the same memoised permanent report (eps_inf) in every collection; --eps-1 "
+        "adds an instantaneous layer per report. --epsilon is eps_inf. The device secrets derive from the run "
+        "seed: give the same --seed-file (or $KVLDP_SEED) to every collection.")
+    add_job_flags(group, LongitudinalOptions)
+
+
 # Options that also serve the job when the mechanism does not take them:
 # --top sets the accuracy summary's top-t set, --coverage the choice of
 # --padding auto. They are passed to a mechanism only if it declares them.
@@ -62,9 +74,20 @@ class MechanismConfig:
     options: dict = dataclasses.field(default_factory=dict)
     ioh_keys: tuple[str, ...] | None = None
     ioh_top: int | None = None
+    longitudinal: LongitudinalOptions | None = None      # the two-layer / memoised mode
 
     def __post_init__(self):
         registry.factory(self.name)                        # an unknown name fails here, with the choices
+        if self.longitudinal is not None:
+            lon = self.longitudinal
+            if self.name not in SUPPORTED:
+                raise ValueError(f"--longitudinal is implemented for {', '.join(SUPPORTED)}, not {self.name}")
+            if lon.eps_inf is not None and abs(lon.eps_inf - self.epsilon) > 1e-12 * self.epsilon:
+                raise ValueError(f"--eps-inf {lon.eps_inf:g} differs from --epsilon {self.epsilon:g}: in the "
+                                 "longitudinal mode --epsilon is eps_inf, the budget of any number of reports "
+                                 "of one state")
+            if lon.eps_1 is not None and lon.eps_1 > self.epsilon * (1 + 1e-12):
+                raise ValueError(f"--eps-1 {lon.eps_1:g} exceeds eps_inf {self.epsilon:g}")
         unknown = set(self.options) - set(mechanism_flags())
         if unknown:
             raise ValueError(f"no mechanism option {sorted(unknown)}")
@@ -78,9 +101,13 @@ class MechanismConfig:
         ``name`` and ``epsilon``, see ``for_cell``)."""
         options = {option: getattr(args, option, None) for option in mechanism_flags() if option != "ioh_keys"}
         names = getattr(args, "ioh_keys", None)
+        # the longitudinal mode: none given, or --longitudinal=false, is the plain mechanism
+        given = {f: getattr(args, f, None) for f in LongitudinalOptions.field_names()}
+        given = {f: v for f, v in given.items() if v is not None}
+        lon = LongitudinalOptions(**given) if given else None
         return cls(name or args.mechanism, args.epsilon if epsilon is None else epsilon, options,
                    tuple(k.strip() for k in names.split(",") if k.strip()) if names else None,
-                   getattr(args, "ioh_top", None))
+                   getattr(args, "ioh_top", None), lon if lon is not None and lon.longitudinal else None)
 
     @property
     def declared(self) -> set[str]:
@@ -127,7 +154,10 @@ class MechanismConfig:
         padding by default)."""
         if padding is None and self.get("padding") is None and self.takes("padding"):
             padding = dataset.default_padding if dataset is not None else 1
-        return registry.make(self.name, d, self.epsilon, self.typed(ioh_keys, padding))
+        base = registry.make(self.name, d, self.epsilon, self.typed(ioh_keys, padding))
+        if self.longitudinal is None:
+            return base
+        return longitudinal(base, self.longitudinal.eps_1, second_layer=self.longitudinal.second_layer)
 
     def takes_ioh_keys(self) -> bool:
         return self.takes("ioh_keys")

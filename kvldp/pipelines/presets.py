@@ -22,4 +22,9 @@ PRESETS = {
     "kskv-singleton": {"dataset": "synthetic-gg", "users": 1_000_000, "keys": 100,
                        "mechanisms": "pckv-ue,pckv-grr,ks-ue,ks-grr", "epsilons": "1,2,3,4,5,6",
                        "top_sets": "20,50", "repeats": 5},
+    # issue 12: 30 daily collections over the same users, 10 % re-rating between collections: fresh
+    # perturbation, the memoised single layer and the two-layer mode (eps_inf 4, eps_1 1)
+    "longitudinal": {"dataset": "synthetic-uu", "users": 1_000_000, "keys": 100, "padding": 1,
+                     "mechanisms": "pckv-ue,pckv-grr,kvue", "epsilons": "4", "eps_1": 1.0, "collections": 30,
+                     "churn": 0.1, "top_sets": "50", "repeats": 1},
 }

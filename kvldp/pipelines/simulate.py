@@ -10,8 +10,9 @@ import time
 
 import apache_beam as beam
 
+from kvldp.mechanisms.protocol import Collection
 from kvldp.mechanisms.randomness import noise_generator_name
-from kvldp.pipelines import mechanism_args, report, runner, sources
+from kvldp.pipelines import devices, mechanism_args, report, runner, sources
 from kvldp.pipelines.graphs import ioh_counts_file, protocol_summary, simulate_graph
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.padding import resolve_padding
@@ -25,6 +26,7 @@ from kvldp.transforms.ratings import write_dead_letters
 
 def add_arguments(parser: argparse.ArgumentParser):
     mechanism_args.add_mechanism_args(parser)
+    mechanism_args.add_longitudinal_args(parser)
     sources.add_dataset_args(parser)
     sources.add_fast_rng_arg(parser)
     parser.add_argument("--output", default=None, type=path_arg,
@@ -79,6 +81,8 @@ def execute(config: SimulateConfig, beam_args) -> dict:
     d = len(key_names)
     mechanism = chosen.make(d, dataset, ioh_keys, padding=padding.l)
     data = data.sized_for(mechanism, d)
+    # longitudinal: device secrets from the run seed, the collection id as every run without --collection-id
+    mechanism = devices.perturbing_side(mechanism, seeds.perturb, Collection.from_seed(seeds.perturb).id)
     p = runner.make_pipeline(beam_args)
     source = sources.user_source(p, data, dataset, dictionary)
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet

@@ -20,8 +20,10 @@ from apache_beam.io.filesystems import FileSystems
 
 from kvldp import schemas
 from kvldp.datasets import SyntheticDataset
+from kvldp.mechanisms.params import AUTO
 from kvldp.mechanisms.protocol import Collection
-from kvldp.pipelines import manifest, mechanism_args, report, run_seed, runner, sources
+from kvldp.pipelines import devices, manifest, mechanism_args, report, run_seed, runner, sources
+from kvldp.pipelines.devices import LedgerConfig
 from kvldp.pipelines.graphs import collect_graph, ioh_counts_file
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.padding import padding_from_reports, resolve_padding
@@ -63,12 +65,15 @@ def collection_id(text: str) -> str:
 
 def add_perturb_arguments(parser: argparse.ArgumentParser, output_required: bool = True):
     mechanism_args.add_mechanism_args(parser)
+    mechanism_args.add_longitudinal_args(parser)
     sources.add_dataset_args(parser)
     add_round_arguments(parser).add_argument(
         "--collection-id", type=collection_id, default=None,
-        help="32 hex digits keying the users' group assignment: round 1 uses it (default: derived from the "
-             "run seed), later rounds refuse a broadcast that carries another (default: they take the "
-             "broadcast's)")
+        help="32 hex digits naming this collection: it keys the users' group assignment (multi-round: round 1 "
+             "uses it, later rounds refuse a broadcast that carries another and by default take the "
+             "broadcast's), the longitudinal instantaneous layer's noise and the ledger's records; default: "
+             "derived from the run seed")
+    devices.add_ledger_args(parser)
     parser.add_argument("--input", dest="dataset_input", default=None, type=path_arg,
                         help="ratings file/pattern (= --dataset PATH)")
     parser.add_argument("--output", required=output_required, type=path_arg,
@@ -88,6 +93,7 @@ class PerturbConfig:
     round: int = 1
     broadcast: str | None = None
     collection_id: str | None = None
+    ledger: LedgerConfig = dataclasses.field(default_factory=LedgerConfig)
 
     @property
     def prefix(self) -> str:
@@ -95,6 +101,15 @@ class PerturbConfig:
         return self.output[:-len(".avro")] if self.output.endswith(".avro") else self.output
 
     def __post_init__(self):
+        if self.output:
+            self.ledger.check_place(self.prefix)
+        if self.ledger.path and not self.collection_id:
+            raise ValueError("--ledger records spends per collection: name this one with --collection-id "
+                             "(one per scheduled run; a rerun with the same id is a retry and charges nothing)")
+        if self.ledger.path and self.data.seed_origin is None:
+            raise ValueError("--ledger needs a persistent run seed (--seed-file or $KVLDP_SEED): a retried "
+                             "collection must redraw the same reports, and a fresh state fingerprint per run "
+                             "would charge unchanged states again")
         if self.output and not self.data.is_built_in:
             dead, prefix = self.data.dead_letter_path(self.output), self.prefix
             if dead.startswith(prefix) or FileSystems.split(dead)[0] == FileSystems.split(prefix)[0]:
@@ -108,7 +123,7 @@ class PerturbConfig:
         if data.seed_origin == "flag" and not data.is_built_in:
             print(run_seed.exposed_seed_warning(getattr(args, "command", "perturb")), file=sys.stderr)
         return cls(data, MechanismConfig.from_args(args), args.output, args.round, args.broadcast,
-                   args.collection_id)
+                   args.collection_id, LedgerConfig.from_args(args))
 
 
 def read_broadcast(path: str, key_names, protocol):
@@ -170,8 +185,8 @@ def perturb_state(config: PerturbConfig, protocol, seed: int, dataset, key_names
     the broadcast's, after checking that this invocation agrees with round 1
     on everything that decides the user groups."""
     cid, seed_given = config.collection_id, config.data.seed
-    if protocol.max_rounds == 1 and (config.round != 1 or config.broadcast or cid):
-        raise ValueError(f"{protocol.name} has a single round: no --round/--broadcast/--collection-id")
+    if protocol.max_rounds == 1 and (config.round != 1 or config.broadcast):
+        raise ValueError(f"{protocol.name} has a single round: no --round/--broadcast")
     layout = ingest_layout(config.data, dataset)
     if config.round == 1:
         collection = Collection(cid, layout) if cid else Collection.from_seed(seed, layout)
@@ -211,13 +226,19 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
     r = config.round - 1
     state = perturb_state(config, mechanism, seeds.perturb, dataset, key_names)
     round_cfg = round_config(mechanism, r, state.collection)
+    # the perturbing side's secrets (longitudinal device keys) and ledger: never in round_cfg or the manifest
+    mechanism = devices.perturbing_side(mechanism, seeds.perturb, state.collection.id)
+    devices.warn_unless_persistent(mechanism, data.seed_origin)
+    devices.warn_unless_stable(mechanism, dictionary is not None and not data.key_dictionary,
+                               chosen.get("padding") == AUTO)
+    gate = config.ledger.gate(mechanism, seeds.perturb, state.collection.id, beam_args)
     stale = [] if runner.is_dry_run(beam_args) else manifest.clear(prefix)     # a dry run touches no file
     if stale:
         print(f"removed {len(stale)} file(s) of an earlier run under {prefix}", file=sys.stderr)
     p = runner.make_pipeline(beam_args)
     source = sources.user_source(p, data, dataset, dictionary)
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
-    reports = source.users | "Perturb" >> Perturb(mechanism, seeds.perturb, r, state)
+    reports = source.users | "Perturb" >> Perturb(mechanism, seeds.perturb, r, state, gate=gate)
     reports | "WriteReports" >> WriteReports(prefix, round_cfg)
     (source.key_names | "JoinKeys" >> beam.Map("\n".join)
      | "WriteKeys" >> beam.io.WriteToText(prefix + ".keys.txt", num_shards=1, shard_name_template=""))
@@ -239,11 +260,14 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
         cid = state.collection.id
         print(f"collection id {cid} (later rounds read it from the broadcast; pass "
               f"--collection-id {cid} to make them refuse a broadcast that changes it)")
-    return {"prefix": prefix, "stats": stats, "mechanism": mechanism, "collection": state.collection}
+    ledger = devices.print_ledger_summary(gate)
+    return {"prefix": prefix, "stats": stats, "mechanism": mechanism, "collection": state.collection,
+            "ledger": ledger}
 
 
 def add_collect_arguments(parser: argparse.ArgumentParser):
     mechanism_args.add_mechanism_args(parser)
+    mechanism_args.add_longitudinal_args(parser)
     add_round_arguments(parser)
     parser.add_argument("--input", required=True, type=path_arg, help="report files, e.g. 'REPORTS*.avro'")
     parser.add_argument("--key-dictionary", default=None, type=path_arg, help="REPORTS.keys.txt written by perturb")

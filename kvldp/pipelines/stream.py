@@ -60,6 +60,7 @@ DIRECT_RUNNERS = (None, "DirectRunner", "BundleBasedDirectRunner", "SwitchingDir
 
 def add_arguments(parser: argparse.ArgumentParser):
     mechanism_args.add_mechanism_args(parser)
+    mechanism_args.add_longitudinal_args(parser)
     parser.add_argument("--subscription", required=True, type=pubsub_path("subscriptions"),
                         help="projects/PROJECT/subscriptions/NAME the report messages arrive on")
     parser.add_argument("--subscribe-to", type=pubsub_path("topics"), default=None,

@@ -15,9 +15,10 @@ import argparse
 import json
 import sys
 
+from kvldp.mechanisms.longitudinal import LongitudinalOptions
 from kvldp.mechanisms.params import floats, whole_or_auto
 from kvldp.pipelines import cli
-from kvldp.pipelines.flags import mechanism_flags
+from kvldp.pipelines.flags import job_flags, mechanism_flags
 from kvldp.pipelines.sources import positive_int
 from kvldp.pipelines.units import DURATION_PATTERN, parse_duration
 
@@ -57,7 +58,7 @@ def _regex(action: argparse.Action, option_meta: dict | None) -> str | None:
 
 def parameters(command: str = COMMAND) -> list[dict]:
     """One template parameter per flag of ``kvldp COMMAND``."""
-    options = {name: flag.meta for name, flag in mechanism_flags().items()}
+    options = {name: flag.meta for name, flag in {**mechanism_flags(), **job_flags(LongitudinalOptions)}.items()}
     sub = cli.subcommand_parser(cli.parser(), command)
     out = []
     for action in sub._actions:

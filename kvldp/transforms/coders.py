@@ -9,7 +9,10 @@ travel as per-user sizes and every integer array in the smallest unsigned
 type that holds it (1 + 1 + 8 B for a single-pair user over <= 256 keys);
 floats are kept bit for bit, and every array decodes to its original dtype,
 so estimates do not change. The encoding walks the dataclass's fields, so a
-field added to ``UserBatch`` is carried without touching this module.
+field added to ``UserBatch`` is carried without touching this module. An
+integer array of consecutive values travels as its first value and length:
+a synthetic batch's stable user ids (``arange(start, stop)``, which the
+longitudinal mode derives device secrets from) then cost nothing per user.
 """
 from __future__ import annotations
 
@@ -38,6 +41,11 @@ def _narrowest(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def _is_range(a: np.ndarray) -> bool:
+    """Integers ``a[0], a[0] + 1, …`` (at least two of them)."""
+    return a.dtype.kind in "iu" and a.ndim == 1 and a.size >= 2 and bool(np.all(np.diff(a) == 1))
+
+
 class UserBatchCoder(coders.Coder):
     """``UserBatch`` <-> bytes: a JSON header (each field's kind, stored and
     original dtype, length) then the arrays' little-endian bytes."""
@@ -48,6 +56,9 @@ class UserBatchCoder(coders.Coder):
             value = getattr(batch, f.name)
             if value is None:
                 fields.append([f.name, "none"])
+            elif isinstance(value, np.ndarray) and _is_range(value):
+                # consecutive integers (a synthetic batch's user ids): the first one and the count
+                fields.append([f.name, "range", value.dtype.str, int(value[0]), int(value.size)])
             elif isinstance(value, np.ndarray):
                 original = value.dtype
                 stored = np.diff(value) if f.name == "offsets" else value
@@ -71,6 +82,9 @@ class UserBatchCoder(coders.Coder):
                 values[name] = None
             elif kind == "int":
                 values[name] = field[2]
+            elif kind == "range":
+                dtype = np.dtype(field[2])
+                values[name] = np.arange(field[4], dtype=dtype) + np.array(field[3], dtype=dtype)
             else:
                 stored, original, n = np.dtype(field[2]), np.dtype(field[3]), field[4]
                 array = np.frombuffer(data, stored, n, pos)

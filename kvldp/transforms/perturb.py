@@ -13,6 +13,7 @@ import apache_beam as beam
 from apache_beam.pvalue import AsSingleton
 
 from kvldp.mechanisms.base import UserBatch
+from kvldp.mechanisms.ledger import LedgerGate
 from kvldp.mechanisms.protocol import Protocol, ProtocolState
 from kvldp.mechanisms.randomness import batch_rng
 from kvldp.transforms import tally
@@ -22,12 +23,15 @@ from kvldp.transforms.context import element_context
 class PerturbFn(beam.DoFn):
     """``UserBatch`` -> round ``round_index``'s reports of the round's
     participants, with ``batch_rng(seed, batch_id, round)`` (nothing once the
-    protocol has stopped)."""
+    protocol has stopped). ``gate``: the perturbing side's privacy ledger
+    (mechanisms/ledger.py); a user it refuses sits the collection out and is
+    counted (``users_sat_out``)."""
 
-    def __init__(self, protocol: Protocol, seed: int, round_index: int = 0):
-        self._protocol, self._seed, self._round = protocol, seed, round_index
+    def __init__(self, protocol: Protocol, seed: int, round_index: int = 0, gate: LedgerGate | None = None):
+        self._protocol, self._seed, self._round, self._gate = protocol, seed, round_index, gate
         self._users = tally.counter("users_perturbed")
         self._reports = tally.counter("reports_emitted")
+        self._sat_out = tally.counter("users_sat_out")
 
     def process(self, users: UserBatch, state: ProtocolState | None = None):
         if state is None:
@@ -37,6 +41,9 @@ class PerturbFn(beam.DoFn):
         with element_context(f"user batch {users.batch_id} ({users.n_users} users), round {self._round + 1}"):
             rng = batch_rng(self._seed, users.batch_id, round_index=self._round)
             users = self._protocol.participants(self._round, users, state)
+            if self._gate is not None:       # the ledger: who may still spend this collection
+                users, decision = self._gate.admit(self._protocol, users)
+                self._sat_out.inc(decision.sat_out)
             reports = self._protocol.perturb_round(self._round, users, rng, state)
         self._users.inc(users.n_users)
         self._reports.inc(reports.n_reports)
@@ -55,9 +62,10 @@ class Perturb(beam.PTransform):
     ``state``: what the round starts from -- a ``ProtocolState``, a
     one-element PCollection of it, or ``None`` for a fresh protocol."""
 
-    def __init__(self, protocol: Protocol, seed: int, round_index: int = 0, state=None, label: str | None = None):
+    def __init__(self, protocol: Protocol, seed: int, round_index: int = 0, state=None, label: str | None = None,
+                 gate: LedgerGate | None = None):
         super().__init__(label)
-        self._fn = PerturbFn(protocol, seed, round_index)
+        self._fn = PerturbFn(protocol, seed, round_index, gate)
         self._state = protocol.initial_state() if state is None else state
 
     def expand(self, users):

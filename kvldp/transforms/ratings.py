@@ -28,6 +28,7 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE, UserBatch
+from kvldp.mechanisms.memo import user_uid
 from kvldp.transforms import csv_blocks, tally
 from kvldp.transforms.context import element_context
 from kvldp.transforms.io import format_of
@@ -424,7 +425,7 @@ class AssembleUsersFn(beam.DoFn):
         chunks = list(chunks)
         cat = {k: np.concatenate([c[k] for c in chunks]) for k in ("lines", "users", "items", "keys", "values")}
         sources = np.concatenate([np.full(len(c["lines"]), c["source"], dtype=object) for c in chunks])
-        _, user_idx = np.unique(cat["users"].astype(str), return_inverse=True)
+        names, user_idx = np.unique(cat["users"].astype(str), return_inverse=True)
         d_span = int(cat["keys"].max()) + 1 if len(cat["keys"]) else 1
         flat = user_idx.astype(np.int64) * d_span + cat["keys"]
         order = np.argsort(flat, kind="stable")
@@ -452,7 +453,7 @@ class AssembleUsersFn(beam.DoFn):
             return
         sizes = np.bincount(np.searchsorted(present, held_by), minlength=len(present))
         yield UserBatch(np.concatenate([[0], np.cumsum(sizes)]), cat["keys"][keep], cat["values"][keep],
-                        batch_id=int(shard))
+                        batch_id=int(shard), user_ids=user_uid(names[present]))
 
 
 class ReadRatings(beam.PTransform):
