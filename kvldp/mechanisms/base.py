@@ -13,9 +13,12 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .countmodel import CountModel
 
 # Users per batch: large enough that per-batch overhead vanishes in NumPy, small
 # enough that a batch of reports fits a worker's memory many times over.
@@ -198,8 +201,11 @@ STATUS_FREQUENCY_NOT_POSITIVE = "frequency_not_positive"   # mean only: estimate
 STATUS_NOT_CANDIDATE = "not_candidate"  # KS-GRR/KS-Adap: key outside the candidate set
 STATUS_LATER_ROUND = "later_round"     # a multi-round protocol estimates it in a later round
 STATUS_BIASED = "biased"               # mean only: estimate given (biased), s.e. null
+# post-processed output only: estimate given, interval null -- the key's reports do not
+# bound its value more tightly than its whole range (a printed interval would be vacuous)
+STATUS_UNINFORMATIVE = "uninformative"
 STATUSES = (STATUS_OK, STATUS_NO_REPORTS, STATUS_FREQUENCY_NOT_POSITIVE, STATUS_NOT_CANDIDATE,
-            STATUS_LATER_ROUND, STATUS_BIASED)
+            STATUS_LATER_ROUND, STATUS_BIASED, STATUS_UNINFORMATIVE)
 
 
 def status_array(d: int, fill: str = STATUS_OK) -> np.ndarray:
@@ -236,6 +242,12 @@ class Estimates:
     epsilon: float
     frequency_status: np.ndarray | None = None
     mean_status: np.ndarray | None = None
+    count_model: CountModel | None = dataclasses.field(default=None, repr=False, compare=False)
+    frequency_lo: np.ndarray | None = None
+    frequency_hi: np.ndarray | None = None
+    mean_lo: np.ndarray | None = None
+    mean_hi: np.ndarray | None = None
+    postprocess: str | None = None
 
     def __post_init__(self):
         for name in ("frequency_status", "mean_status"):
@@ -259,14 +271,16 @@ def null_where(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 def with_statuses(frequency, mean, frequency_raw, mean_raw, frequency_se, mean_se, *, n_reports, mechanism,
                   epsilon, no_reports=None, mean_not_estimable=None, mean_biased: bool = False,
-                  frequency_status=None, mean_status=None) -> Estimates:
+                  frequency_status=None, mean_status=None, count_model: CountModel | None = None) -> Estimates:
     """An ``Estimates`` with the nulls and statuses of the common cases.
 
     ``no_reports``: keys no report carried (frequency and mean null);
     ``mean_not_estimable``: keys whose estimated frequency is <= 0 (mean
     null); ``mean_biased``: the mechanism's mean estimator is biased (mean s.e.
     null everywhere). ``frequency_status``/``mean_status``: statuses set
-    before (kept where not ``ok``), e.g. ``not_candidate``."""
+    before (kept where not ``ok``), e.g. ``not_candidate``. ``count_model``:
+    the mechanism's model of the counts behind the estimates, for
+    post-processing (``countmodel.py``)."""
     d = len(frequency)
     fs = status_array(d) if frequency_status is None else np.array(frequency_status, dtype=object)
     ms = status_array(d) if mean_status is None else np.array(mean_status, dtype=object)
@@ -287,7 +301,7 @@ def with_statuses(frequency, mean, frequency_raw, mean_raw, frequency_se, mean_s
         frequency_raw=np.asarray(frequency_raw, dtype=np.float64), mean_raw=np.asarray(mean_raw, dtype=np.float64),
         frequency_se=null_where(frequency_se, f_null), mean_se=null_where(mean_se, se_m_null),
         n_reports=int(n_reports), mechanism=mechanism, epsilon=float(epsilon),
-        frequency_status=fs, mean_status=ms)
+        frequency_status=fs, mean_status=ms, count_model=count_model)
 
 
 MAX_EPSILON = 30.0
