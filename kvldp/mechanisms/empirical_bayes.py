@@ -99,15 +99,20 @@ def spline_basis(u: np.ndarray, df: int = SPLINE_DF) -> np.ndarray:
     return basis / (np.sqrt((basis ** 2).sum(axis=0)) + 1e-300)
 
 
-def fit_exponential_family_prior(loglik: np.ndarray, basis: np.ndarray, penalty: float = SPLINE_PENALTY) -> np.ndarray:
-    """``g_j ∝ exp(basis_j alpha)`` maximising ``sum_k log sum_j l_kj g_j -
-    penalty ||alpha||`` (L-BFGS; the gradient is ``sum_k (w_k. - g) basis``
-    with ``w_k.`` the posterior weights, Efron 2016 eq. (3.3))."""
+def fit_exponential_family_prior(loglik: np.ndarray, basis: np.ndarray, penalty: float = SPLINE_PENALTY,
+                                 carrier: np.ndarray | None = None) -> np.ndarray:
+    """``g_j ∝ carrier_j exp(basis_j alpha)`` maximising ``sum_k log sum_j
+    l_kj g_j - penalty ||alpha||`` (L-BFGS; the gradient is
+    ``sum_k (w_k. - g) basis`` with ``w_k.`` the posterior weights, Efron
+    2016 eq. (3.3)). ``carrier`` (default uniform over the grid points): the
+    prior the penalty pulls towards where the reports cannot tell."""
     L = _scaled(loglik)
     Q = np.asarray(basis, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        log_carrier = np.zeros(Q.shape[0]) if carrier is None else np.log(np.asarray(carrier, dtype=np.float64))
 
     def objective(alpha):
-        eta = Q @ alpha
+        eta = Q @ alpha + log_carrier
         g = np.exp(eta - eta.max())
         g /= g.sum()
         mix = np.maximum(L @ g, 1e-300)
@@ -118,23 +123,44 @@ def fit_exponential_family_prior(loglik: np.ndarray, basis: np.ndarray, penalty:
         return -value, -grad
 
     result = minimize(objective, np.zeros(Q.shape[1]), jac=True, method="L-BFGS-B")
-    eta = Q @ result.x
+    eta = Q @ result.x + log_carrier
     g = np.exp(eta - eta.max())
     return g / g.sum()
 
 
+CARRIER_FLOOR = 1e-9       # every grid point keeps this much carrier mass, so the fit can move mass there
+
+
+def gamma_carrier(grid: np.ndarray, mean: float, var: float) -> np.ndarray:
+    """Cell masses of the gamma distribution with ``mean`` and ``var`` on
+    ``grid`` (cells between midpoints), floored at ``CARRIER_FLOOR``; a
+    point mass at the grid value nearest ``mean`` when ``var`` or ``mean`` is 0."""
+    from scipy.stats import gamma
+
+    grid = np.asarray(grid, dtype=np.float64)
+    if mean <= 0 or var <= 0:
+        mass = np.zeros(len(grid))
+        mass[np.argmin(np.abs(grid - max(mean, 0.0)))] = 1.0
+    else:
+        edges = np.concatenate([[0.0], (grid[1:] + grid[:-1]) / 2, [np.inf]])
+        cdf = gamma.cdf(edges, mean * mean / var, scale=var / mean)
+        mass = np.diff(cdf)
+    mass = np.maximum(mass / mass.sum(), CARRIER_FLOOR)
+    return mass / mass.sum()
+
+
 def fit_log_spline_prior(loglik: np.ndarray, grid: np.ndarray, scale: float, df: int = SPLINE_DF,
-                         penalty: float = SPLINE_PENALTY) -> np.ndarray:
+                         penalty: float = SPLINE_PENALTY, carrier: np.ndarray | None = None) -> np.ndarray:
     """Efron's g-modelling prior over ``grid`` (module doc): splines in
     ``log(theta + scale)`` and an indicator of ``theta = 0`` when the grid
-    starts at 0."""
+    starts at 0, times ``carrier``."""
     grid = np.asarray(grid, dtype=np.float64)
     basis = spline_basis(np.log(grid + scale), df)
     if grid[0] == 0:
         spike = np.zeros((len(grid), 1))
         spike[0, 0] = 1.0
         basis = np.hstack([basis, spike])
-    return fit_exponential_family_prior(loglik, basis, penalty)
+    return fit_exponential_family_prior(loglik, basis, penalty, carrier)
 
 
 def truncated_normal_weights(grid: np.ndarray, mu: float, tau: float) -> np.ndarray:

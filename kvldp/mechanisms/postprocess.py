@@ -53,7 +53,7 @@ from .base import (
     Estimates,
 )
 from .countmodel import CountModel
-from .intervals import LEVEL, frequency_intervals, profile_mean_intervals, wald_intervals
+from .intervals import LEVEL, frequency_intervals, grid_intervals, wald_intervals
 
 RAW = "raw"
 NORM_SUB = "norm-sub"
@@ -123,14 +123,22 @@ def parse(text) -> PostProcess:
 def postprocess(est: Estimates, spec=DEFAULT, level: float = LEVEL) -> Estimates:
     """``est`` post-processed by ``spec`` (a ``PostProcess`` or its name),
     with intervals (module doc). ``raw`` changes no field of ``est``."""
-    spec = parse(spec)
+    return postprocess_all(est, [spec], level)[0]
+
+
+def postprocess_all(est: Estimates, specs, level: float = LEVEL) -> list[Estimates]:
+    """``est`` post-processed by each of ``specs``; the priors and likelihoods
+    are fitted once for all of them."""
+    specs = [parse(s) for s in specs]
     model = est.count_model if isinstance(est.count_model, CountModel) and est.count_model.factorises else None
-    if spec.is_raw:
-        return _with_wald(est, spec, level)
     estimated = est.frequency_status == STATUS_OK
-    if estimated.sum() < MIN_KEYS:
-        return _with_wald(est, PostProcess(), level)
-    fit = _Fit(est, model, estimated, level)
+    fit = _Fit(est, model, estimated, level) if estimated.sum() >= MIN_KEYS else None
+    return [_with_wald(est, spec if fit is not None else PostProcess(), level) if spec.is_raw or fit is None
+            else _apply(est, spec, fit) for spec in specs]
+
+
+def _apply(est: Estimates, spec: PostProcess, fit: _Fit) -> Estimates:
+    estimated = fit.ok
     frequency = fit.frequency(spec.frequency)
     mean, mean_status = (fit.shrunk_mean() if spec.mean == SHRINK else (est.mean, est.mean_status.copy()))
     f_lo, f_hi = fit.frequency_intervals()
@@ -161,11 +169,20 @@ class _Fit:
 
     def __init__(self, est: Estimates, model: CountModel | None, estimated: np.ndarray, level: float):
         self.est, self.model, self.ok, self.level = est, model, estimated, level
-        self._f_post = self._m = None
+        self._f_post = self._m = self._shrunk = self._f_int = self._m_int = None
 
     # -- frequencies ------------------------------------------------------------
     def raw(self) -> np.ndarray:
         return np.where(self.ok, np.nan_to_num(self.est.frequency_raw), 0.0)
+
+    @property
+    def eb(self) -> np.ndarray:
+        """The keys empirical Bayes and Base-Cut can use: every estimated key
+        with a count model, else those with a positive standard error."""
+        if self.model is not None:
+            return self.ok
+        se = np.asarray(self.est.frequency_se, dtype=np.float64)
+        return self.ok & np.isfinite(se) & (se > 0)
 
     def total(self) -> float:
         if self.model is not None:
@@ -178,26 +195,28 @@ class _Fit:
         return np.asarray(self.est.frequency_se, dtype=np.float64)
 
     def frequency(self, method: str) -> np.ndarray:
-        ok, x = self.ok, self.raw()
-        out = np.full(self.est.d, np.nan)
+        ok, eb, x = self.ok, self.eb, self.raw()
+        out = np.array(self.est.frequency, dtype=np.float64)
         if method == RAW:
-            return self.est.frequency
+            return out
         if method == NORM_SUB:
             out[ok] = consistency.norm_sub(x[ok], self.total())
         elif method == PROJECT:
-            out[ok] = consistency.project(x[ok], self.total(), 1.0 / np.asarray(self.est.frequency_se)[ok] ** 2)
-        elif method == BASE_CUT:
-            out[ok] = consistency.base_cut(x[ok], self.sd_at_zero()[ok])
-        else:
-            post = self.frequency_posterior()
-            out[ok] = post.mean
+            se = np.asarray(self.est.frequency_se, dtype=np.float64)[ok]
+            weights = 1.0 / se ** 2 if np.all(np.isfinite(se) & (se > 0)) else None
+            out[ok] = consistency.project(x[ok], self.total(), weights)
+        elif eb.sum() >= MIN_KEYS:
+            if method == BASE_CUT:
+                out[eb] = consistency.base_cut(x[eb], self.sd_at_zero()[eb])
+            else:
+                out[eb] = self.frequency_posterior().mean
         return out
 
     def frequency_grid(self) -> np.ndarray:
-        ok, x = self.ok, self.raw()
-        sd = self.sd_at_zero()[ok]
+        eb, x = self.eb, self.raw()
+        sd = self.sd_at_zero()[eb]
         n = max(int(self.est.n_reports), 1)
-        hi = float(min(1.0, max(np.max(x[ok]), 0.0) + 5 * np.max(sd)))
+        hi = float(min(1.0, max(np.max(x[eb]), 0.0) + 5 * np.max(sd)))
         hi = max(hi, 10.0 / n, 4 * np.min(sd))
         step = max(np.min(sd) / 4, hi / MAX_LINEAR_GRID)
         linear = np.arange(0.0, hi + step / 2, step)
@@ -205,24 +224,47 @@ class _Fit:
         return np.unique(np.concatenate([[0.0], linear, geometric, [hi]]))
 
     def frequency_loglik(self, grid: np.ndarray) -> np.ndarray:
-        """``log P(reports of k | f = grid_j)`` for the estimated keys."""
+        """``log P(reports of k | f = grid_j)`` for the keys of ``eb``: the
+        count model's binomial, else a normal with the key's standard error."""
         if self.model is not None:
-            return self.model.frequency_loglik(grid)[self.ok]
-        x = self.raw()[self.ok]
-        var = np.asarray(self.est.frequency_se, dtype=np.float64)[self.ok] ** 2
+            return self.model.frequency_loglik(grid)[self.eb]
+        x = self.raw()[self.eb]
+        var = np.asarray(self.est.frequency_se, dtype=np.float64)[self.eb] ** 2
         return -0.5 * (x[:, None] - grid[None, :]) ** 2 / var[:, None]
 
     def frequency_posterior(self) -> empirical_bayes.GridPosterior:
+        """Posterior of the frequency of each key of ``eb`` under the fitted prior."""
         if self._f_post is None:
             grid = self.frequency_grid()
             loglik = self.frequency_loglik(grid)
-            prior = empirical_bayes.fit_log_spline_prior(loglik, grid, 1.0 / max(int(self.est.n_reports), 1))
+            prior = empirical_bayes.fit_log_spline_prior(loglik, grid, 1.0 / max(int(self.est.n_reports), 1),
+                                                         carrier=self.frequency_carrier(grid))
             self._f_post = empirical_bayes.GridPosterior(grid, empirical_bayes.posterior_weights(loglik, prior),
                                                          prior)
-            self._f_loglik = loglik
         return self._f_post
 
+    def frequency_carrier(self, grid: np.ndarray) -> np.ndarray:
+        """The gamma distribution with the frequencies' deconvolved moments:
+        mean ``mean(x)``, variance ``var(x)`` minus the mean noise variance
+        (floored at 0: then a point mass), the moment estimates of
+        James–Stein's ``tau^2``. Where the reports cannot resolve the prior's
+        shape (a large domain at small epsilon) the fitted prior stays near
+        it rather than near the grid's uniform distribution."""
+        eb = self.eb
+        x = self.raw()[eb]
+        mean = max(float(np.mean(x)), 0.0)
+        if self.model is not None:
+            noise = float(np.mean(self.model.frequency_variance(np.full(self.est.d, mean))[eb]))
+        else:
+            noise = float(np.mean(np.asarray(self.est.frequency_se, dtype=np.float64)[eb] ** 2))
+        return empirical_bayes.gamma_carrier(grid, mean, max(float(np.var(x)) - noise, 0.0))
+
     def frequency_intervals(self):
+        if self._f_int is None:
+            self._f_int = self._frequency_intervals()
+        return self._f_int
+
+    def _frequency_intervals(self):
         if self.model is None:
             lo, hi = wald_intervals(self.est.frequency_raw, self.est.frequency_se, 0.0, 1.0, self.level)
         else:
@@ -230,35 +272,40 @@ class _Fit:
         return np.where(self.ok, lo, np.nan), np.where(self.ok, hi, np.nan)
 
     # -- means ------------------------------------------------------------------
-    def mean_fit(self):
-        """``(m log-likelihood integrated over f, profile log-likelihood)``,
-        each ``(estimated keys, J_m)`` (module doc of ``intervals.py``)."""
+    def mean_fit(self) -> np.ndarray:
+        """``log sum_j P(f_j | S_k) P(C_plus,k | S_k, f_j, m_i)``: each
+        estimated key's likelihood of its mean on ``MEAN_GRID``, the frequency
+        integrated over its posterior, ``(estimated keys, J_m)``."""
         if self._m is None:
             post = self.frequency_posterior()
-            grid, weights, f_loglik = post.grid, post.weights, self._f_loglik
+            grid, weights = post.grid, post.weights
             keys = np.flatnonzero(self.ok)
+            live = post.prior > 1e-12 * post.prior.max()      # grid points the posterior can reach
+            grid, weights = grid[live], weights[:, live]
             chunk = max(1, CHUNK_CELLS // (len(grid) * len(MEAN_GRID)))
             integrated = np.empty((len(keys), len(MEAN_GRID)))
-            profile = np.empty_like(integrated)
             with np.errstate(divide="ignore"):
                 log_w = np.log(weights)
             for start in range(0, len(keys), chunk):
                 part = slice(start, start + chunk)
                 split = self.model.split_loglik(keys[part], grid, MEAN_GRID)
                 integrated[part] = _logsumexp(log_w[part][:, :, None] + split, axis=1)
-                profile[part] = np.max(f_loglik[part][:, :, None] + split, axis=1)
-            self._m = integrated, profile
+            self._m = integrated
         return self._m
 
     def shrunk_mean(self):
         """``(mean, mean_status)`` after shrinkage."""
+        if self._shrunk is None:
+            self._shrunk = self._shrink()
+        return self._shrunk[0], self._shrunk[1].copy()
+
+    def _shrink(self):
         est = self.est
         status = est.mean_status.copy()
         shrinkable = self.ok & np.isin(status, (STATUS_OK, STATUS_FREQUENCY_NOT_POSITIVE, STATUS_BIASED))
         if self.model is None:
             return self._shrunk_without_model(status)
-        integrated, _ = self.mean_fit()
-        post = empirical_bayes.hierarchical_normal_posterior(integrated, MEAN_GRID).mean
+        post = empirical_bayes.hierarchical_normal_posterior(self.mean_fit(), MEAN_GRID).mean
         mean = np.full(est.d, np.nan)
         mean[self.ok] = post
         mean = np.where(shrinkable, mean, est.mean)
@@ -275,13 +322,18 @@ class _Fit:
         return np.where(unbiased, np.clip(post.mean, -1.0, 1.0), est.mean), status
 
     def mean_intervals(self):
+        if self._m_int is None:
+            self._m_int = self._mean_intervals()
+        return self._m_int
+
+    def _mean_intervals(self):
         est = self.est
         if self.model is None:
             lo, hi = wald_intervals(est.mean_raw, est.mean_se, -1.0, 1.0, self.level)
             return lo, hi
-        _, profile = self.mean_fit()
+        integrated = self.mean_fit()
         lo, hi = np.full(est.d, np.nan), np.full(est.d, np.nan)
-        lo[self.ok], hi[self.ok] = profile_mean_intervals(profile, MEAN_GRID, self.level)
+        lo[self.ok], hi[self.ok] = grid_intervals(integrated, MEAN_GRID, self.level)
         return lo, hi
 
 

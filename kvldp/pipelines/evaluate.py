@@ -1,19 +1,27 @@
 """``kvldp evaluate``: sweep (mechanism, epsilon, repeat) cells as pipelines,
 write a tidy ``results.csv`` and the papers' figures as PNGs.
 
-Every cell is one ``simulate`` pipeline (any Beam runner through the usual
-options) whose estimates are scored against the simulated truth: MSE of
-frequency and mean over all keys and over the top-``t`` keys (with the
-closed-form theory where the mechanism has one), NCR of the top-``t`` set
-and the MSEs over the keys it found, and whether the standard errors mean
-what they say: the coverage of ``raw estimate ± 1.96 s.e.`` over all keys, the
-keys with s.e. 0, and the keys left null (not estimable) or without an s.e.
-(null estimates are left out of the MSEs and counted apart). Cells run in
+Every cell is one ``simulate`` run (a Beam pipeline on any runner through
+the usual options) whose estimates are post-processed by each of
+``--postprocess`` (default ``raw`` and the default post-processing,
+``kvldp.mechanisms.postprocess``) and scored against the simulated truth:
+MSE of frequency and mean over all keys and over the top-``t`` keys (with
+the closed-form theory of the paper's estimator where the mechanism has
+one), NCR of the top-``t`` set and the MSEs over the keys it found, and
+whether the error bars mean what they say: the coverage of the 95 %
+intervals ``[*_lo, *_hi]`` over all keys and over the keys with true
+frequency ``>= 1/d``, the keys without an interval, the keys with s.e. 0
+and the keys left null. The MSE of the mean is taken over the keys whose
+paper (raw) mean is not null, for every post-processing, so the numbers
+compare; null estimates are left out and counted apart. Cells run in
 parallel worker processes (``--parallel``); a rerun with the same ``--out``
-skips the cells ``results.csv`` already holds. ``--engine numpy`` runs each
-cell on the pure-NumPy local runner instead of a Beam pipeline (the same
-estimates for the same seed, several times faster; built-in datasets only).
-``coverage.md`` tabulates the coverage per mechanism and epsilon.
+runs only the (cell, post-processing) pairs ``results.csv`` does not hold.
+``--engine numpy`` runs each cell on the pure-NumPy local runner instead of
+a Beam pipeline (the same estimates for the same seed, several times
+faster; built-in datasets only; one run serves every post-processing, where
+the Beam engine runs one pipeline per post-processing over the same
+reports). ``coverage.md`` tabulates the coverage and ``postprocess.md`` the
+gain of each post-processing over ``raw`` per mechanism and epsilon.
 """
 from __future__ import annotations
 
@@ -31,17 +39,21 @@ from tqdm import tqdm
 
 from kvldp.mechanisms import metrics, registry
 from kvldp.mechanisms.local import run_local
+from kvldp.mechanisms.postprocess import DEFAULT as DEFAULT_POSTPROCESS
+from kvldp.mechanisms.postprocess import RAW, postprocess_all
 from kvldp.pipelines import figures, mechanism_args, simulate, sources
 from kvldp.pipelines.graphs import to_records
 from kvldp.pipelines.mechanism_args import MechanismConfig
+from kvldp.pipelines.postprocessing import postprocess_list
 from kvldp.pipelines.presets import PRESETS
 from kvldp.pipelines.simulate import SimulateConfig
 from kvldp.pipelines.sources import DataConfig
 
-Z95 = 1.96
-COVERAGE_METRICS = ("coverage", "scored", "se_zero", "null", "null_se")
+COVERAGE_METRICS = ("coverage", "scored", "no_interval", "se_zero", "null")
+FREQUENT = "f>=1/d"          # the key set of the keys with true frequency >= 1/d
 
-FIELDS = ["mechanism", "epsilon", "repeat", "metric", "key_set", "value", "theory", "dataset", "n_users"]
+FIELDS = ["mechanism", "epsilon", "repeat", "postprocess", "metric", "key_set", "value", "theory", "dataset",
+          "n_users"]
 
 
 def add_arguments(parser: argparse.ArgumentParser):
@@ -58,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser):
                              "(same estimates, faster; built-in datasets only)")
     parser.add_argument("--top", "--top-sets", dest="top_sets", default=None,
                         help="top-t key sets to score, e.g. 20,50 (default 50); KS-GRR/KS-Adap use the largest as t")
+    parser.add_argument("--postprocess", type=postprocess_list, default=None,
+                        help="post-processings to score, comma-separated, e.g. raw,norm-sub,base-cut,eb+shrink "
+                             f"(default raw,{DEFAULT_POSTPROCESS.name}); see simulate --postprocess")
     mechanism_args.add_mechanism_args(parser, single=False)
     sources.add_dataset_args(parser)
     sources.add_fast_rng_arg(parser)
@@ -65,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser):
 
 
 DEFAULTS = {"users": 1_000_000, "keys": 100, "dataset": "synthetic-uu", "mechanisms": "pckv-ue,pckv-grr",
-            "epsilons": "1,2,4", "repeats": 5, "top_sets": "50"}
+            "epsilons": "1,2,4", "repeats": 5, "top_sets": "50", "postprocess": (RAW, DEFAULT_POSTPROCESS.name)}
 
 
 def apply_preset(args) -> argparse.Namespace:
@@ -100,14 +115,16 @@ class EvaluateConfig:
     top_sets: tuple[int, ...] = (50,)
     parallel: int = 1
     engine: str = "beam"
+    postprocess: tuple[str, ...] = (RAW, DEFAULT_POSTPROCESS.name)
 
     def __post_init__(self):
         for name in self.mechanisms:
             registry.factory(name)                   # unknown names fail before anything runs
-        if not self.mechanisms or not self.epsilons or not self.top_sets:
-            raise ValueError("evaluate needs at least one mechanism, epsilon and top-t set")
+        if not self.mechanisms or not self.epsilons or not self.top_sets or not self.postprocess:
+            raise ValueError("evaluate needs at least one mechanism, epsilon, top-t set and post-processing")
         if self.engine not in ("beam", "numpy"):
             raise ValueError(f"--engine is beam or numpy, not {self.engine!r}")
+        object.__setattr__(self, "postprocess", postprocess_list(",".join(self.postprocess)))
 
     @classmethod
     def from_args(cls, args) -> EvaluateConfig:
@@ -121,7 +138,7 @@ class EvaluateConfig:
         template = MechanismConfig.from_args(args, name=mechanisms[0] if mechanisms else "pckv-ue",
                                              epsilon=epsilons[0] if epsilons else 1.0)
         return cls(DataConfig.from_args(args), template, mechanisms, epsilons, int(args.repeats), args.out,
-                   top_sets, args.parallel, args.engine)
+                   top_sets, args.parallel, args.engine, tuple(args.postprocess))
 
     def cells(self) -> list[tuple[str, float, int]]:
         return [(m, e, r) for m in self.mechanisms for e in self.epsilons for r in range(self.repeats)]
@@ -138,21 +155,31 @@ class EvaluateConfig:
 
 
 def done_cells(path: Path) -> set:
+    """``(mechanism, epsilon, repeat, post-processing)`` of the rows ``path`` holds."""
     if not path.exists():
         return set()
     with open(path, newline="") as fh:
-        return {(r["mechanism"], float(r["epsilon"]), int(r["repeat"])) for r in csv.DictReader(fh)}
+        reader = csv.DictReader(fh)
+        if reader.fieldnames != FIELDS:
+            raise ValueError(f"{path} has the columns {reader.fieldnames}, not this kvldp's {FIELDS} "
+                             "(written by an older version?): give a new --out")
+        return {(r["mechanism"], float(r["epsilon"]), int(r["repeat"]), r["postprocess"]) for r in reader}
 
 
 def _column(records, field):
     return np.array([np.nan if r.get(field) is None else r[field] for r in records], dtype=float)
 
 
-def score(records: list[dict], mechanism, n_users: int, tops, run_info) -> list[dict]:
-    """Tidy metric rows of one run, with theory where the mechanism has one."""
+def score(records: list[dict], mechanism, n_users: int, tops, run_info, paper: list[dict] | None = None) -> list[dict]:
+    """Tidy metric rows of one run post-processed one way (``records``), with
+    the paper's closed-form theory for ``raw``. ``paper``: the same run's
+    raw records, whose non-null means define the keys the MSE of the mean is
+    taken over (default ``records``)."""
     f, m = _column(records, "frequency"), _column(records, "mean")
     tf, tm = _column(records, "true_frequency"), _column(records, "true_mean")
-    theory = mechanism.theoretical_variance(n_users, tf, tm) if n_users else None
+    paper_mean = _column(paper if paper is not None else records, "mean")
+    is_raw = run_info.get("postprocess", RAW) == RAW
+    theory = mechanism.theoretical_variance(n_users, tf, tm) if n_users and is_raw else None
     rows = []
 
     def add(metric, key_set, value, th=None):
@@ -161,44 +188,60 @@ def score(records: list[dict], mechanism, n_users: int, tops, run_info) -> list[
 
     sets = [("all", np.arange(len(records)))] + [(f"top{t}", metrics.top_keys(tf, t)) for t in tops]
     for label, keys in sets:
-        held = keys[np.isfinite(tm[keys])]
+        held = keys[np.isfinite(tm[keys]) & np.isfinite(paper_mean[keys])]
         add("mse_frequency", label, metrics.mse(f, tf, keys),
             None if theory is None else float(np.mean(theory[0][keys])))
-        add("mse_mean", label, metrics.mse(m, tm, keys),
+        add("mse_mean", label, metrics.mse(m, tm, held),
             None if theory is None or not len(held) else float(np.mean(theory[1][held])))
     for t in tops:
         found = metrics.top_t_intersection(tf, f, t)
         add("ncr", f"top{t}", metrics.ncr(tf, f, t))
         add("mse_frequency_found", f"top{t}", metrics.mse(f, tf, found))
         add("mse_mean_found", f"top{t}", metrics.mse(m, tm, found))
+    frequent = np.flatnonzero(tf >= 1.0 / max(len(records), 1))
     for what, est, truth in (("frequency", f, tf), ("mean", m, tm)):
-        # the s.e. is the raw estimator's: its interval raw ± 1.96 s.e. holds
-        # the truth iff its clip into the valid range does; the clipped point
-        # estimate ± 1.96 s.e. covers more where clipping moved it to the truth
-        se, raw = _column(records, f"{what}_se"), _column(records, f"{what}_raw")
-        share, scored, zero = metrics.coverage(raw, se, truth, z=Z95)
-        add(f"coverage_{what}", "all", share)
-        add(f"coverage_clipped_{what}", "all", metrics.coverage(est, se, truth, z=Z95)[0])
-        add(f"scored_{what}", "all", scored)
-        add(f"se_zero_{what}", "all", zero)
+        lo, hi = _column(records, f"{what}_lo"), _column(records, f"{what}_hi")
+        se = _column(records, f"{what}_se")
+        for label, keys in (("all", np.arange(len(records))), (FREQUENT, frequent)):
+            share, scored = metrics.interval_coverage(lo, hi, truth, keys)
+            given = keys[np.isfinite(truth[keys]) & np.isfinite(est[keys])]
+            add(f"coverage_{what}", label, share)
+            add(f"scored_{what}", label, scored)
+            add(f"no_interval_{what}", label, int(np.sum(~(np.isfinite(lo[given]) & np.isfinite(hi[given])))))
+        add(f"se_zero_{what}", "all", int(np.sum(se == 0)))
         add(f"null_{what}", "all", metrics.null_count(est, truth))
-        add(f"null_se_{what}", "all", int(np.sum(np.isfinite(truth) & np.isfinite(est) & ~np.isfinite(se))))
     return rows
 
 
-def run_cell(cell, config: EvaluateConfig, beam_args, out_dir: str):
-    """One (mechanism, epsilon, repeat) pipeline -> its metric rows."""
+def run_cell(cell, config: EvaluateConfig, beam_args, out_dir: str, methods=None):
+    """One (mechanism, epsilon, repeat) run -> its metric rows, for each
+    post-processing of ``methods`` (default ``config.postprocess``)."""
     name, eps, repeat = cell
+    methods = tuple(methods or config.postprocess)
     sim = config.cell(cell, out_dir)
-    out = (run_numpy if config.engine == "numpy" else simulate.execute)(sim, beam_args)
+    if config.engine == "numpy":
+        out = run_numpy(sim, beam_args, (RAW, *methods))
+    else:
+        out, stem = None, sim.output[:-len(".jsonl")]
+        for method in dict.fromkeys((RAW, *methods)):
+            run = simulate.execute(dataclasses.replace(sim, postprocess=method,
+                                                       output=f"{stem}_{method.replace('+', '-')}.jsonl"), beam_args)
+            out = out or {**run, "records_by_method": {}}
+            out["records_by_method"][method] = run["records"]
     n_users = out["n_users"] or out["stats"].get("users_assembled") or config.data.users
-    info = {"mechanism": name, "epsilon": eps, "repeat": repeat, "dataset": out["dataset"], "n_users": n_users}
-    return score(out["records"], out["mechanism"], n_users, config.top_sets, info)
+    rows = []
+    for method in methods:
+        info = {"mechanism": name, "epsilon": eps, "repeat": repeat, "postprocess": method,
+                "dataset": out["dataset"], "n_users": n_users}
+        rows += score(out["records_by_method"][method], out["mechanism"], n_users, config.top_sets, info,
+                      out["records_by_method"][RAW])
+    return rows
 
 
-def run_numpy(config: SimulateConfig, beam_args) -> dict:
+def run_numpy(config: SimulateConfig, beam_args, methods=None) -> dict:
     """``simulate.execute`` on the pure-NumPy local runner: the same seeds,
-    dataset, mechanism and records (not written to a file)."""
+    dataset, mechanism and records (not written to a file), post-processed
+    by each of ``methods`` (default the config's) from the one run."""
     data = config.data
     seeds = sources.Seeds.of(data)
     dataset = sources.built_in_dataset(data, seeds.data)
@@ -207,49 +250,92 @@ def run_numpy(config: SimulateConfig, beam_args) -> dict:
     ioh_keys = mechanism_args.resolve_ioh_keys(config.mechanism, data, beam_args, dataset.key_names, dataset, None)
     mechanism = config.mechanism.make(dataset.d, dataset, ioh_keys)
     result = run_local(mechanism, dataset, seeds.perturb, data.batch_size)
-    records = to_records(result.estimates, dataset.key_names, result.truth, keys=mechanism.estimate_keys)
-    return {"mechanism": mechanism, "dataset": dataset.name, "records": records, "n_users": dataset.n_users,
-            "stats": {}}
+    methods = tuple(dict.fromkeys(methods or (config.postprocess,)))
+    by_method = {method: to_records(est, dataset.key_names, result.truth, keys=mechanism.estimate_keys)
+                 for method, est in zip(methods, postprocess_all(result.estimates, methods), strict=True)}
+    return {"mechanism": mechanism, "dataset": dataset.name, "records": by_method[methods[0]],
+            "records_by_method": by_method, "n_users": dataset.n_users, "stats": {}}
+
+
+def _cells(results_csv) -> dict:
+    """``(dataset, mechanism, epsilon, post-processing) -> {(metric, key_set): [value per repeat]}``."""
+    with open(results_csv, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    cells: dict = {}
+    for r in rows:
+        key = (r["dataset"], r["mechanism"], float(r["epsilon"]), r["postprocess"])
+        cells.setdefault(key, {}).setdefault((r["metric"], r["key_set"]), []).append(float(r["value"]))
+    return cells
+
+
+def _pooled(c, what, key_set):
+    """Coverage pooled over keys and repeats, and the keys scored per repeat."""
+    share, scored = c.get((f"coverage_{what}", key_set), []), c.get((f"scored_{what}", key_set), [])
+    hits = sum(s * k for s, k in zip(share, scored, strict=False) if k > 0)
+    total = sum(k for k in scored if k > 0)
+    return (f"{hits / total:.3f}" if total else "–"), (total / len(scored) if scored else 0.0)
 
 
 def coverage_table(results_csv) -> str:
-    """Markdown: per mechanism and epsilon, over the repeats, the coverage of
-    ``raw ± 1.96 s.e.`` (in brackets: ``clipped ± 1.96 s.e.``), pooled over
-    keys and repeats, for frequency and mean; the keys with s.e. 0 (summed
-    over repeats); the null estimates and the estimates without s.e.
-    (averaged per repeat)."""
-    with open(results_csv, newline="") as fh:
-        rows = [r for r in csv.DictReader(fh) if r["key_set"] == "all"]
-    cells: dict = {}
-    for r in rows:
-        key = (r["dataset"], r["mechanism"], float(r["epsilon"]))
-        cells.setdefault(key, {}).setdefault(r["metric"], []).append(float(r["value"]))
-    out = ["| dataset | mechanism | eps | repeats | freq coverage (clipped) | mean coverage (clipped) "
-           "| #s.e.=0 f/m (all repeats) | #null f/m (per run) | #no s.e. f/m (per run) |",
-           "|---|---|---|---|---|---|---|---|---|"]
-
-    def pooled(c, what, prefix="coverage_"):
-        share, scored = c.get(f"{prefix}{what}", []), c.get(f"scored_{what}", [])
-        hits = sum(s * k for s, k in zip(share, scored, strict=False) if k > 0)
-        total = sum(k for k in scored if k > 0)
-        return f"{hits / total:.3f}" if total else "–"
-
-    def both(c, what):
-        main, clipped = pooled(c, what), pooled(c, what, "coverage_clipped_")
-        return main if main == "–" else f"{main} ({clipped})"
+    """Markdown: per dataset, mechanism, epsilon and post-processing, over
+    the repeats, the coverage of the 95 % intervals ``[*_lo, *_hi]`` pooled
+    over keys and repeats (all keys; keys with true frequency ``>= 1/d``),
+    for frequency and mean, with the keys scored per repeat; the keys
+    without an interval (uninformative, biased) and the null estimates per
+    repeat; the keys with s.e. 0 (summed over repeats)."""
+    cells = _cells(results_csv)
+    out = ["| dataset | mechanism | eps | post-processing | repeats | freq coverage all / f>=1/d (keys) "
+           "| mean coverage all / f>=1/d (keys) | #no interval f/m (per run) | #null f/m (per run) "
+           "| #s.e.=0 f/m (all repeats) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
 
     def per_run(c, metric):
-        vals = c.get(metric, [])
+        vals = c.get((metric, "all"), [])
         return f"{np.mean(vals):.4g}" if vals else "–"
 
-    for (dataset, mech, eps), c in sorted(cells.items()):
-        if "coverage_frequency" not in c:
+    for (dataset, mech, eps, method), c in sorted(cells.items()):
+        if ("coverage_frequency", "all") not in c:
             continue
-        reps = len(c["coverage_frequency"])
-        zeros = f"{int(sum(c['se_zero_frequency']))}/{int(sum(c['se_zero_mean']))}"
-        out.append(f"| {dataset} | {mech} | {eps:g} | {reps} | {both(c, 'frequency')} | {both(c, 'mean')} | "
-                   f"{zeros} | {per_run(c, 'null_frequency')}/{per_run(c, 'null_mean')} | "
-                   f"{per_run(c, 'null_se_frequency')}/{per_run(c, 'null_se_mean')} |")
+        reps = len(c[("coverage_frequency", "all")])
+        cov = {}
+        for what in ("frequency", "mean"):
+            (a, _), (b, k) = _pooled(c, what, "all"), _pooled(c, what, FREQUENT)
+            cov[what] = f"{a} / {b} ({k:.0f})"
+        zeros = f"{int(sum(c.get(('se_zero_frequency', 'all'), [])))}/{int(sum(c.get(('se_zero_mean', 'all'), [])))}"
+        out.append(f"| {dataset} | {mech} | {eps:g} | {method} | {reps} | {cov['frequency']} | {cov['mean']} | "
+                   f"{per_run(c, 'no_interval_frequency')}/{per_run(c, 'no_interval_mean')} | "
+                   f"{per_run(c, 'null_frequency')}/{per_run(c, 'null_mean')} | {zeros} |")
+    return "\n".join(out) + "\n"
+
+
+GAIN_METRICS = (("mse_frequency", "all"), ("mse_mean", "all"), ("mse_frequency", "top50"), ("mse_mean", "top50"),
+                ("ncr", "top20"), ("ncr", "top50"))
+
+
+def gain_table(results_csv) -> str:
+    """Markdown: per dataset, mechanism and epsilon, each metric's mean over
+    the repeats for ``raw`` and every other post-processing, with the ratio
+    post-processed / raw for the MSEs (< 1: the post-processing helps)."""
+    cells = _cells(results_csv)
+    methods = sorted({k[3] for k in cells} - {RAW})
+    present = [(m, ks) for m, ks in GAIN_METRICS if any((m, ks) in c for c in cells.values())]
+    head = " | ".join(f"{m.replace('mse_', 'MSE ')} {ks}" for m, ks in present)
+    out = [f"| dataset | mechanism | eps | post-processing | {head} |", "|---|---|---|---|" + "---|" * len(present)]
+    for (dataset, mech, eps, method), c in sorted(cells.items(), key=lambda kv: (kv[0][:3], kv[0][3] != RAW)):
+        if method != RAW and method not in methods:
+            continue
+        raw = cells.get((dataset, mech, eps, RAW), {})
+        parts = []
+        for metric, ks in present:
+            vals = [v for v in c.get((metric, ks), []) if v == v]
+            if not vals:
+                parts.append("–")
+                continue
+            value = np.mean(vals)
+            base = [v for v in raw.get((metric, ks), []) if v == v]
+            ratio = f" ({value / np.mean(base):.2f}x)" if method != RAW and metric.startswith("mse") and base else ""
+            parts.append(f"{value:.3g}{ratio}")
+        out.append(f"| {dataset} | {mech} | {eps:g} | {method} | " + " | ".join(parts) + " |")
     return "\n".join(out) + "\n"
 
 
@@ -258,9 +344,15 @@ def run(config: EvaluateConfig, beam_args) -> dict:
     (out_dir / "runs").mkdir(parents=True, exist_ok=True)
     results = out_dir / "results.csv"
     finished = done_cells(results)
-    todo = [c for c in config.cells() if c not in finished]
-    print(f"{len(finished)} cells done, {len(todo)} to run ({','.join(config.mechanisms)} x eps "
-          f"{','.join(f'{e:g}' for e in config.epsilons)} x {config.repeats} repeats on {config.data.dataset})")
+    todo = []
+    for c in config.cells():
+        missing = tuple(m for m in config.postprocess if (*c, m) not in finished)
+        if missing:
+            todo.append((c, missing))
+    done = len(config.cells()) - len(todo)
+    print(f"{done} cells done, {len(todo)} to run ({','.join(config.mechanisms)} x eps "
+          f"{','.join(f'{e:g}' for e in config.epsilons)} x {config.repeats} repeats on {config.data.dataset}; "
+          f"post-processing {','.join(config.postprocess)})")
     new_file = not results.exists()
     with open(results, "a", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=FIELDS)
@@ -269,20 +361,22 @@ def run(config: EvaluateConfig, beam_args) -> dict:
         if config.parallel > 1 and len(todo) > 1:
             ctx = multiprocessing.get_context("spawn")
             with futures.ProcessPoolExecutor(config.parallel, mp_context=ctx) as pool:
-                jobs = [pool.submit(run_cell, c, config, beam_args, str(out_dir)) for c in todo]
+                jobs = [pool.submit(run_cell, c, config, beam_args, str(out_dir), missing) for c, missing in todo]
                 for job in tqdm(futures.as_completed(jobs), total=len(jobs), desc="cells", unit="run"):
                     writer.writerows(job.result())
                     fh.flush()
         else:
-            for c in tqdm(todo, desc="cells", unit="run"):
-                writer.writerows(run_cell(c, config, beam_args, str(out_dir)))
+            for c, missing in tqdm(todo, desc="cells", unit="run"):
+                writer.writerows(run_cell(c, config, beam_args, str(out_dir), missing))
                 fh.flush()
     pngs = figures.plot_results(results, out_dir)
     table = coverage_table(results)
     (out_dir / "coverage.md").write_text(table)
+    gains = gain_table(results)
+    (out_dir / "postprocess.md").write_text(gains)
+    print(gains)
     print(table)
     print(f"results: {results}")
     for png in pngs:
         print(f"figure: {png}")
     return {"results": str(results), "figures": [str(p) for p in pngs], "ran": len(todo)}
-

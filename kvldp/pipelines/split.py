@@ -20,11 +20,13 @@ from apache_beam.io.filesystems import FileSystems
 
 from kvldp import schemas
 from kvldp.datasets import SyntheticDataset
+from kvldp.mechanisms.postprocess import DEFAULT as DEFAULT_POSTPROCESS
 from kvldp.mechanisms.protocol import Collection
 from kvldp.pipelines import manifest, mechanism_args, report, run_seed, runner, sources
 from kvldp.pipelines.graphs import collect_graph, ioh_counts_file
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.padding import padding_from_reports, resolve_padding
+from kvldp.pipelines.postprocessing import add_postprocess_arg
 from kvldp.pipelines.sources import DataConfig
 from kvldp.pipelines.units import path_arg
 from kvldp.schemas.records import broadcast_records, state_from_broadcast
@@ -253,6 +255,7 @@ def add_collect_arguments(parser: argparse.ArgumentParser):
                         help="IOH: where to write the cell counts for kvldp query (default OUTPUT.counts.avro)")
     parser.add_argument("--rows", type=int, default=10)
     parser.add_argument("--fanout", type=int, default=None)
+    add_postprocess_arg(parser)
     delivery = parser.add_argument_group("the delivery (checked against PREFIX.manifest.json written by perturb)")
     delivery.add_argument("--allow-partial", action="store_true",
                           help="collect the report files present when some the manifest lists are missing "
@@ -282,6 +285,7 @@ class CollectConfig:
     fanout: int | None = None
     allow_partial: bool = False
     require_manifest: bool = True
+    postprocess: str = DEFAULT_POSTPROCESS.name     # kvldp.mechanisms.postprocess
 
     def __post_init__(self):
         if not self.key_dictionary and not self.keys:
@@ -291,7 +295,7 @@ class CollectConfig:
     def from_args(cls, args) -> CollectConfig:
         return cls(MechanismConfig.from_args(args), args.input, args.output, args.round, args.broadcast,
                    args.key_dictionary, args.keys, args.broadcast_out, args.counts_out, args.rows, args.fanout,
-                   args.allow_partial, args.require_manifest)
+                   args.allow_partial, args.require_manifest, args.postprocess)
 
 
 def reports_collection(pattern: str, found: dict) -> Collection:
@@ -364,7 +368,7 @@ def run_collect(config: CollectConfig, beam_args) -> dict:
     key_names = p | "KeyNames" >> beam.Create([names])
     reports = p | "ReadReports" >> ReadReports(config.input, mechanism, r, expected)
     # reports -> counts of round r -> the state after round r -> records
-    out = collect_graph(reports, mechanism, r, previous, key_names, config.fanout)
+    out = collect_graph(reports, mechanism, r, previous, key_names, config.fanout, method=config.postprocess)
     out["records"] | "WriteEstimates" >> WriteEstimates(config.output)
     broadcast_out, counts_out = None, None
     if mechanism.max_rounds > 1:
