@@ -65,28 +65,28 @@ def critical_deviance(level: float = LEVEL) -> float:
     return float(chi2.ppf(level, 1))
 
 
-def _fc_coverage(delta: float, cut: float) -> float:
+def _fc_coverage(delta, cut):
     """``P(deviance <= cut)`` for ``X ~ N(delta, 1)``, ``delta >= 0``, the
     deviance taken at the maximum likelihood restricted to ``>= 0``:
-    ``(X - delta)^2`` for ``X >= 0``, ``delta^2 - 2 X delta`` for ``X < 0``."""
+    ``(X - delta)^2`` for ``X >= 0``, ``delta^2 - 2 X delta`` for ``X < 0``
+    (vectorised)."""
+    delta, cut = np.broadcast_arrays(np.asarray(delta, dtype=np.float64), np.asarray(cut, dtype=np.float64))
     root = np.sqrt(cut)
-    above = norm.cdf(root) - norm.cdf(max(-root, -delta))
-    if delta <= 0:
-        return float(above + 0.5)
-    below = max(0.0, norm.cdf(-delta) - norm.cdf(-(delta * delta + cut) / (2 * delta)))
-    return float(above + below)
+    above = norm.cdf(root) - norm.cdf(np.maximum(-root, -delta))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        below = np.where(delta > 0, np.maximum(0.0, norm.cdf(-delta) - norm.cdf(-(delta * delta + cut) / (2 * delta))),
+                         0.5)
+    return above + below
 
 
 @functools.lru_cache(maxsize=8)
 def _fc_table(level: float) -> np.ndarray:
-    cuts = []
-    for delta in FC_DELTAS:
-        lo, hi = 0.0, 30.0
-        for _ in range(80):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if _fc_coverage(delta, mid) < level else (lo, mid)
-        cuts.append(hi)
-    return np.array(cuts)
+    lo, hi = np.zeros(len(FC_DELTAS)), np.full(len(FC_DELTAS), 30.0)
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        short = _fc_coverage(FC_DELTAS, mid) < level
+        lo, hi = np.where(short, mid, lo), np.where(short, hi, mid)
+    return hi
 
 
 def feldman_cousins_cut(delta, level: float = LEVEL) -> np.ndarray:
@@ -140,17 +140,31 @@ def frequency_intervals(model: CountModel, level: float = LEVEL):
 
 def grid_intervals(loglik: np.ndarray, m_grid: np.ndarray, level: float = LEVEL):
     """``(lo, hi)`` per key from a log-likelihood ``(d, J_m)`` over
-    ``m_grid``: the hull of the grid values within ``chi2_1(level)/2`` of the
-    maximum, widened by half a grid step on each side (inside ``[-1, 1]``) so
-    that the grid's resolution cannot make the interval too short."""
+    ``m_grid``: where the deviance ``2 (max - loglik)`` crosses
+    ``chi2_1(level)``, interpolated linearly between the grid values on
+    either side of the crossing (the hull of the values inside when the
+    deviance dips below the cut more than once); the grid's ends where it
+    does not cross. (No Feldman–Cousins correction at the bounds ``±1``: the
+    likelihood of a mean is far from normal where it reaches both, and the
+    corrections tried measured 0.86-0.94 coverage; the plain cut is
+    conservative there, 0.96-0.98 on synthetic GG.)"""
     m_grid = np.asarray(m_grid, dtype=np.float64)
     dev = 2 * (np.max(loglik, axis=1, keepdims=True) - loglik)
-    inside = dev <= critical_deviance(level)
-    half = (m_grid[1] - m_grid[0]) / 2 if len(m_grid) > 1 else 0.0
+    cut = critical_deviance(level)
+    excess = dev - cut
+    inside = excess <= 0
+    rows = np.arange(len(dev))
     first = np.argmax(inside, axis=1)
     last = len(m_grid) - 1 - np.argmax(inside[:, ::-1], axis=1)
-    lo = np.maximum(m_grid[first] - half, m_grid[0])
-    hi = np.minimum(m_grid[last] + half, m_grid[-1])
+
+    def crossing(out, inn):
+        e_out, e_in = excess[rows, out], excess[rows, inn]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(np.isfinite(e_out) & (e_out > e_in), e_out / (e_out - e_in), 1.0)
+        return m_grid[out] + np.clip(t, 0.0, 1.0) * (m_grid[inn] - m_grid[out])
+
+    lo = np.where(first > 0, crossing(np.maximum(first - 1, 0), first), m_grid[0])
+    hi = np.where(last < len(m_grid) - 1, crossing(np.minimum(last + 1, len(m_grid) - 1), last), m_grid[-1])
     return lo, hi
 
 

@@ -68,7 +68,7 @@ MEAN_GRID = np.linspace(-1.0, 1.0, 101)
 MAX_LINEAR_GRID = 300      # frequency grid: points of its linear part (steps of a quarter s.d.)
 GEOMETRIC_GRID = 150       # … and of its geometric part from 1/n (resolves tiny frequencies)
 CHUNK_CELLS = 4_000_000    # keys x f-grid x m-grid per chunk of the mean likelihood
-MIN_KEYS = 3               # fewer estimated keys: no prior to fit, the estimates stay as they are
+MIN_KEYS = 10              # fewer estimated keys: too few to fit a prior to, the estimates stay as they are
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ from kvldp import schemas
 from kvldp.mechanisms import metrics
 from kvldp.transforms.io import format_of
 
-TEXT_FIELDS = ("key", "mechanism", "frequency_status", "mean_status")
+TEXT_FIELDS = ("key", "mechanism", "frequency_status", "mean_status", "postprocess")
 
 
 def read_text(path: str) -> str:
