@@ -216,19 +216,35 @@ def status_array(d: int, fill: str = STATUS_OK) -> np.ndarray:
 class Estimates:
     """Calibrated per-key estimates (arrays of length d).
 
-    ``frequency``/``mean`` are the post-processed (clipped) estimates;
-    ``frequency_raw``/``mean_raw`` the paper's unclipped ones (NaN only where
-    its formula is 0/0 or the key is not estimated at all); ``*_se`` standard errors from the
-    estimator's variance, evaluated where it is positive (the estimates
+    ``frequency``/``mean``: the main estimates. As a mechanism's
+    ``estimate`` returns them (``postprocess`` None, written as ``raw``)
+    they are the paper's estimator with its counts/ratios clipped into the
+    valid range; ``postprocess.postprocess`` replaces them by a
+    post-processed estimate and names it in ``postprocess`` (``raw``
+    changes no array). ``frequency_raw``/``mean_raw`` always hold the
+    paper's unclipped estimates (NaN only where its formula is 0/0 or the key
+    is not estimated at all) and ``*_se`` their standard errors: the s.d. of
+    the paper's raw estimator, evaluated where it is positive (the estimates
     clipped into the model's range, never at an empty cell), so an estimate
-    computed from noisy counts never has s.e. 0.
+    computed from noisy counts never has s.e. 0 -- not the error of a
+    post-processed main estimate, which borrows from the other keys.
+    ``frequency_lo/hi``, ``mean_lo/hi``: the 95 % intervals for the truth
+    that go with the main estimates (set by ``postprocess``: the paper's
+    ``raw ± 1.96 s.e.`` for ``raw``, else the likelihood-ratio intervals of
+    ``intervals.py``); None until then.
 
     NaN marks "null": a key whose frequency or mean cannot be estimated
-    (``*_status`` says why, one of ``STATUSES``; ``ok`` where both the
-    estimate and its s.e. are given). ``mean_status == "biased"`` (the PrivKV
-    family): the mean is given but its s.e. is NaN -- the estimator is biased
-    towards the fake values by several of its own s.d., so no s.e. would make
-    an interval that covers the truth.
+    (``*_status`` says why, one of ``STATUSES``; ``ok`` where the estimate
+    and its s.e. / interval are given). ``mean_status == "biased"`` (the
+    PrivKV family's paper estimator): the mean is given but its s.e. is NaN
+    -- the estimator is biased towards the fake values by several of its own
+    s.d., so no s.e. would make an interval that covers the truth.
+    ``"uninformative"`` (post-processed only): the mean is given, its
+    interval null -- the key's reports bound it no better than ``[-1, 1]``.
+
+    ``count_model``: the mechanism's model of the counts behind the
+    estimates (``countmodel.py``), what post-processing needs; None for the
+    mechanisms without one (multi-round protocols, IOH).
     """
 
     frequency: np.ndarray
