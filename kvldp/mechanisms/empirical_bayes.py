@@ -15,15 +15,19 @@ towards the values other keys have, the more the noisier its own reports.
   ``log(theta + 1/n)``, so it resolves both a bulk of tiny frequencies and a
   few large ones) plus a point mass at 0, fitted by penalised maximum
   likelihood (``- c0 ||alpha||``; Efron, "Empirical Bayes deconvolution
-  estimates", Biometrika 103(1), 2016). Smooth, unlike the
-  Kiefer–Wolfowitz NPMLE (:func:`npmle_prior`), whose few atoms pull
-  precise estimates onto them (measured: 10-15 % worse than the paper's
-  estimator at eps = 4 on synthetic GG, where the smooth prior is 0-3 % better).
-* :func:`fit_normal_prior` -- ``g`` for means: ``N(mu, tau^2)`` restricted
-  to ``[-1, 1]``, by maximum likelihood: shrinkage towards the pooled mean
-  ``mu``, each key weighted by the precision of its own reports (the
-  James–Stein / Efron–Morris estimator, JASA 70(350), 1975, with the exact
-  likelihood in place of a normal one).
+  estimates", Biometrika 103(1), 2016), around a carrier (a gamma with the
+  deconvolved moments) that it stays near where the reports cannot resolve
+  the prior's shape. Smooth, unlike the Kiefer–Wolfowitz NPMLE (the same
+  likelihood maximised over every distribution on the grid), whose few
+  atoms pull precise estimates onto them (measured: 10-15 % worse than the
+  paper's estimator at eps = 4 on synthetic GG, where the smooth prior is
+  0-3 % better).
+* :func:`hierarchical_normal_posterior` -- ``g`` for means: ``N(mu, tau^2)``
+  restricted to ``[-1, 1]``: shrinkage towards the pooled mean ``mu``, each
+  key weighted by the precision of its own reports (the James–Stein /
+  Efron–Morris estimator, JASA 70(350), 1975, with the exact likelihood in
+  place of a normal one), ``(mu, tau)`` integrated over their posterior
+  rather than fixed at their maximum likelihood values.
 * :func:`normal_shrinkage` -- the same in closed form for estimates that
   come with a standard error only (no count model): ``y_k ~ N(theta_k, v_k)``,
   ``theta_k ~ N(mu, tau^2)``, ``mu``/``tau^2`` by the Paule–Mandel equation
@@ -37,13 +41,10 @@ import dataclasses
 import numpy as np
 from scipy.interpolate import BSpline
 from scipy.optimize import minimize
-from scipy.special import logsumexp
 from scipy.stats import norm
 
 SPLINE_DF = 12            # log-spline prior: degrees of freedom of the B-spline basis
 SPLINE_PENALTY = 0.1      # c0 of the penalty c0 ||alpha|| (Efron 2016 §3 uses ~1 for a few hundred cases)
-EM_ITERATIONS = 3000
-EM_TOLERANCE = 1e-10
 
 
 def posterior_weights(loglik: np.ndarray, prior: np.ndarray) -> np.ndarray:
@@ -55,32 +56,9 @@ def posterior_weights(loglik: np.ndarray, prior: np.ndarray) -> np.ndarray:
     return w / w.sum(axis=1, keepdims=True)
 
 
-def marginal_loglik(loglik: np.ndarray, prior: np.ndarray) -> float:
-    """``sum_k log sum_j l_k(theta_j) g_j``."""
-    with np.errstate(divide="ignore"):
-        return float(logsumexp(loglik + np.log(np.maximum(prior, 0.0))[None, :], axis=1).sum())
-
-
 def _scaled(loglik: np.ndarray) -> np.ndarray:
     """``l_k(theta_j)`` scaled per key so that its largest value is 1."""
     return np.exp(loglik - np.max(loglik, axis=1, keepdims=True))
-
-
-def npmle_prior(loglik: np.ndarray, iterations: int = EM_ITERATIONS, tolerance: float = EM_TOLERANCE) -> np.ndarray:
-    """Kiefer–Wolfowitz NPMLE of the prior on the grid by EM (Laird 1978):
-    ``g <- g * mean_k(l_k. / (l_k. g))`` until the log-likelihood stops growing."""
-    L = _scaled(loglik)
-    g = np.full(L.shape[1], 1.0 / L.shape[1])
-    previous = -np.inf
-    for _ in range(iterations):
-        mix = np.maximum(L @ g, 1e-300)
-        ll = float(np.log(mix).sum())
-        g *= (L.T @ (1.0 / mix)) / L.shape[0]
-        g /= g.sum()
-        if ll - previous <= tolerance * abs(ll):
-            break
-        previous = ll
-    return g
 
 
 def spline_basis(u: np.ndarray, df: int = SPLINE_DF) -> np.ndarray:
@@ -174,25 +152,6 @@ def truncated_normal_weights(grid: np.ndarray, mu: float, tau: float) -> np.ndar
         return w
     w = np.exp(log - log.max())
     return w / w.sum()
-
-
-def fit_normal_prior(loglik: np.ndarray, grid: np.ndarray, mu_range=(-1.0, 1.0),
-                     tau_range=(1e-3, 2.0)) -> tuple[np.ndarray, float, float]:
-    """``(weights, mu, tau)``: ``N(mu, tau^2)`` on ``grid`` maximising the
-    marginal likelihood (bounded quasi-Newton from the moment start)."""
-    grid = np.asarray(grid, dtype=np.float64)
-    flat = posterior_weights(loglik, np.full(len(grid), 1.0 / len(grid)))
-    m0 = flat @ grid
-    start = np.array([float(np.clip(np.mean(m0), *mu_range)),
-                      np.log(float(np.clip(np.std(m0), tau_range[0] * 2, tau_range[1] / 2)))])
-
-    def objective(x):
-        return -marginal_loglik(loglik, truncated_normal_weights(grid, x[0], np.exp(x[1])))
-
-    bounds = [mu_range, (np.log(tau_range[0]), np.log(tau_range[1]))]
-    result = minimize(objective, start, method="L-BFGS-B", bounds=bounds)
-    mu, tau = float(result.x[0]), float(np.exp(result.x[1]))
-    return truncated_normal_weights(grid, mu, tau), mu, tau
 
 
 HYPER_MU = np.linspace(-1.0, 1.0, 41)          # hyperprior grid of the normal prior's centre

@@ -300,7 +300,7 @@ def coverage_table(results_csv) -> str:
         cov = {}
         for what in ("frequency", "mean"):
             (a, _), (b, k) = _pooled(c, what, "all"), _pooled(c, what, FREQUENT)
-            cov[what] = f"{a} / {b} ({k:.0f})"
+            cov[what] = f"{a} / {b} ({k:.1f})"
         zeros = f"{int(sum(c.get(('se_zero_frequency', 'all'), [])))}/{int(sum(c.get(('se_zero_mean', 'all'), [])))}"
         out.append(f"| {dataset} | {mech} | {eps:g} | {method} | {reps} | {cov['frequency']} | {cov['mean']} | "
                    f"{per_run(c, 'no_interval_frequency')}/{per_run(c, 'no_interval_mean')} | "
