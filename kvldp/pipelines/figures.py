@@ -28,7 +28,8 @@ def _load(path: Path):
     return rows
 
 
-LINESTYLES = ("-", "--", "-.", ":")
+LINESTYLES = ("-", "--", "-.", ":", (0, (6, 2, 1, 2, 1, 2)), (0, (3, 1, 1, 1)), (0, (8, 3)))
+THEORY_STYLE = (0, (1, 4))      # sparse dots: the paper's closed form
 
 
 def _series(rows, metric, key_set):
@@ -65,7 +66,7 @@ def _plot(series, title: str, ylabel: str, path: Path, log: bool, reference: flo
         ax.errorbar(eps, mean, yerr=err, marker="o", ms=4, capsize=2, color=colour, linestyle=style, label=label)
         theory = [(p[0], p[4]) for p in pts if p[4] is not None and p[4] > 0]
         if theory:
-            ax.plot(*zip(*theory, strict=True), linestyle=":", linewidth=0.8, color=colour, alpha=0.8,
+            ax.plot(*zip(*theory, strict=True), linestyle=THEORY_STYLE, linewidth=0.8, color=colour, alpha=0.8,
                     label=f"{mech} (theory)")
     if reference is not None:
         ax.axhline(reference, color="grey", linestyle=":", label=f"nominal {reference:g}")
@@ -75,7 +76,18 @@ def _plot(series, title: str, ylabel: str, path: Path, log: bool, reference: flo
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    if len(methods) > 1:     # colour = mechanism, line style = post-processing: one legend entry each
+        from matplotlib.lines import Line2D
+        handles = [Line2D([], [], color=f"C{i % 10}", label=m) for i, m in enumerate(mechanisms)]
+        handles += [Line2D([], [], color="black", linestyle=LINESTYLES[i % len(LINESTYLES)], label=p)
+                    for i, p in enumerate(methods)]
+        if any(h.get_label().endswith("(theory)") for h in ax.get_lines()):
+            handles.append(Line2D([], [], color="grey", linestyle=THEORY_STYLE, linewidth=0.8, label="paper's theory"))
+        if reference is not None:
+            handles.append(Line2D([], [], color="grey", linestyle=":", label=f"nominal {reference:g}"))
+        ax.legend(handles=handles, fontsize=8, ncol=2)
+    else:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
