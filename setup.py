@@ -25,6 +25,8 @@ setup(
     extras_require={
         # cryptography: an independent AES for the noise generator's known-answer test
         "test": ["pytest>=7", "gcp-storage-emulator>=2026.7.18", "cryptography>=41"],
+        # kvldp bench --sweep --kernels: the peer LDP libraries, timed next to kvldp
+        "bench": ["pure-ldp==1.2.0", "multi-freq-ldpy==0.2.5", "scikit-learn", "statsmodels"],   # pure-LDP imports both
     },
     entry_points={"console_scripts": ["kvldp = kvldp.pipelines.cli:main"]},
 )

@@ -1,8 +1,17 @@
-"""Shared pytest configuration: registers the ``slow`` marker.
+"""Shared pytest configuration: registers the ``slow`` marker; every test
+runs in its own empty working directory (jobs write their default outputs
+there, never into the checkout).
 
 pytest.ini deselects slow tests by default (``-m "not slow"``); run them with
 ``python -m pytest -m slow``.
 """
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _own_working_directory(tmp_path_factory, monkeypatch):
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
 def pytest_configure(config):

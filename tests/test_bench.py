@@ -11,3 +11,24 @@ def test_bench_runs_and_paths_agree(mechanism, capsys):
                      "--repeats", "1", "--dataset", "synthetic-multi"]) == 0
     out = capsys.readouterr().out
     assert "identical estimates: True" in out, out
+
+
+def test_the_sweep_writes_its_table_and_figure(tmp_path, capsys):
+    """Each (mechanism, users, path) in its own process: the paths agree, the
+    CSV has a row per run with its peak RSS, and the kernels are compared
+    with the plain NumPy floor on the same generator."""
+    import csv
+
+    out = tmp_path / "bench"
+    assert cli.main(["bench", "--sweep", str(out), "--mechanisms", "pckv-grr,ks-grr", "--sizes", "2000,4000",
+                     "--keys", "12", "--kernels"]) == 0
+    with open(out / "bench.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {(r["mechanism"], r["users"], r["path"]) for r in rows} == {
+        (m, n, p) for m in ("pckv-grr", "ks-grr") for n in ("2000", "4000") for p in ("numpy", "beam")}
+    assert all(r["error"] == "" and r["identical"] == "True" and float(r["peak_rss_mb"]) > 50 for r in rows)
+    assert all(float(r["command_seconds"]) > float(r["seconds"]) for r in rows)       # imports included
+    assert (out / "bench.png").stat().st_size > 10_000
+    with open(out / "kernels.csv", newline="") as fh:
+        kernels = {r["oracle"]: r for r in csv.DictReader(fh)}
+    assert set(kernels) == {"grr", "oue", "olh"} and all(float(k["kvldp_users_per_s"]) > 0 for k in kernels.values())

@@ -94,7 +94,8 @@ def test_reports_never_carry_raw_values_or_the_seed(tmp_path):
         meta = json.loads(reader.metadata["kvldp.config"])
         recs = list(reader)
     assert set(meta) == {"mechanism", "d", "epsilon", "padding"}
-    assert set(recs[0]) == {"positions", "symbols"}
+    assert {r["kind"] for r in recs} == {"report"} and sum(r["n_reports"] for r in recs) == 500
+    assert {c["name"] for c in recs[0]["columns"]} == {"sizes", "positions", "symbols"}   # nothing else
     assert b"123456789" not in (tmp_path / "R-00000.avro").read_bytes()
 
 

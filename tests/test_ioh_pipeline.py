@@ -1,4 +1,4 @@
-"""IOH end to end: packed reports through Beam, the counts file, and
+"""IOH end to end: packed or sparse reports through Beam, the counts file, and
 ``kvldp query`` (conditional answers with the truth beside them)."""
 from __future__ import annotations
 
@@ -53,20 +53,30 @@ def test_query_command_forms_agree(tmp_path, capsys):
     assert cli.main(["query", "--counts", counts, "--target", "nope"]) == 2
 
 
-def test_perturb_collect_packed_reports_equal_simulate(tmp_path):
+@pytest.mark.parametrize("eps, kind", [("3", "report"), ("1", "ioh_report")])
+def test_perturb_collect_reports_equal_simulate(tmp_path, eps, kind):
+    """OUE's q = 1/(e^eps + 1): below 1/16 (eps 3) the reports travel as
+    sparse positions, above (eps 1) as packed bits; both collect to the
+    simulation's counts."""
+    args = [eps if a == "3" else a for a in SIM]
     sim = tmp_path / "sim.jsonl"
-    assert cli.main(["simulate", *SIM, "--output", str(sim)]) == 0
+    assert cli.main(["simulate", *args, "--output", str(sim)]) == 0
     reports = tmp_path / "rep" / "R.avro"
-    assert cli.main(["perturb", *SIM, "--output", str(reports)]) == 0
+    assert cli.main(["perturb", *args, "--output", str(reports)]) == 0
     with open(tmp_path / "rep" / "R-00000.avro", "rb") as fh:
         reader = fastavro.reader(fh)
         first = next(iter(reader))
-        assert reader.writer_schema["name"].endswith("IOHReport")
-        assert len(first["bits"]) == (27 + 7) // 8
+        assert first["kind"] == kind
+        columns = {c["name"]: c for c in first["columns"]}
+        if kind == "ioh_report":
+            bits = columns["bits"]
+            assert bits["shape"][1] == (27 + 7) // 8 and len(bits["data"]) == first["n_reports"] * bits["shape"][1]
+        else:
+            assert set(columns) == {"sizes", "positions", "symbols"}
         assert json.loads(reader.metadata["kvldp.config"])["ioh_keys"] == [1, 3, 4]
     est = tmp_path / "col.jsonl"
     # the chosen keys come from the reports' metadata
-    assert cli.main(["collect", "--mechanism", "ioh-oue", "--epsilon", "3",
+    assert cli.main(["collect", "--mechanism", "ioh-oue", "--epsilon", eps,
                      "--input", str(tmp_path / "rep" / "R*.avro"),
                      "--key-dictionary", str(tmp_path / "rep" / "R.keys.txt"), "--output", str(est)]) == 0
     a = load_counts(str(sim) + ".counts.avro").record

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ioh_helpers import ue_params
-from kvldp.mechanisms.base import UserBatch
+from kvldp.mechanisms.base import ReportBatch, UserBatch
 from kvldp.mechanisms.cells import state_index
 from kvldp.mechanisms.ioh import IOH, PackedReportBatch
 from kvldp.mechanisms.randomness import batch_rng
@@ -130,16 +130,25 @@ def test_perturb_bit_rates(variant, eps, v0):
     w.p. P(cell = i) p + (1 - P(cell = i)) q -- p at the true cell and q
     elsewhere when v0 = 1 -- every bit within 4.5 binomial sigma. Bits are
     independent given the cell: P(bits a and b) = sum_c P(c) P(a|c) P(b|c).
-    Rows are ceil(27/8) = 4 bytes; padding bits 0."""
+    Packed rows are ceil(27/8) = 4 bytes, padding bits 0; sparse reports list
+    each user's set positions in order."""
     n = 200_000
     mech = IOH(4, eps, variant, ioh_keys=[0, 1, 3])
     p, q = ue_params(variant, eps)
     users = UserBatch(np.arange(n + 1) * 3, np.tile([0, 2, 3], n), np.tile([v0, 0.9, -1.0], n))
     rep = mech.perturb(users, batch_rng(55, int(10 * eps + 100 * v0) + (variant == "sue")))
-    assert isinstance(rep, PackedReportBatch) and rep.bits.shape == (n, 4) and rep.n_cells == 27
-    bits = np.unpackbits(rep.bits, axis=1)
-    assert not bits[:, 27:].any()
-    bits = bits[:, :27].astype(bool)
+    if mech.sparse:                      # q < 1/16 (OUE at eps 3): the sorted set positions
+        assert isinstance(rep, ReportBatch) and rep.n_reports == n
+        bits = np.zeros((n, 27), dtype=bool)
+        bits[np.repeat(np.arange(n), np.diff(rep.offsets)), rep.positions] = True
+        spans = zip(rep.offsets[:50], rep.offsets[1:51], strict=True)
+        assert all(np.all(np.diff(rep.positions[a:b]) > 0) for a, b in spans)
+    else:
+        assert isinstance(rep, PackedReportBatch) and rep.bits.shape == (n, 4) and rep.n_cells == 27
+        bits = np.unpackbits(rep.bits, axis=1)
+        assert not bits[:, 27:].any()
+        bits = bits[:, :27].astype(bool)
+    assert mech.sparse == (q < 1 / 16)
     cell_prob = np.zeros(27)
     cell_prob[21], cell_prob[3] = (1 + v0) / 2, (1 - v0) / 2
     want = cell_prob * p + (1 - cell_prob) * q

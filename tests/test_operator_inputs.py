@@ -91,7 +91,9 @@ def test_a_worker_side_failure_is_one_line_naming_the_transform(tmp_path, capsys
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].endswith("R-*.avro: no manifest, collected unchecked") and len(lines) == 2, lines
     failure = lines[1]
-    assert failure.startswith("kvldp collect: failed: EOFError: ") and "(in ReadReports/ReadReportFiles)" in failure
+    # the cause, the element (which file) and the transform
+    assert failure.startswith(f"kvldp collect: failed: {report}: EOFError: "), failure
+    assert "(in ReadReports/ReadReportFiles)" in failure
     assert "KVLDP_DEBUG=1" in failure
     monkeypatch.setenv("KVLDP_DEBUG", "1")
     with pytest.raises(Exception, match=r"EOFError|Expected"):
@@ -113,3 +115,41 @@ def test_users_whose_every_row_is_rejected_are_counted_not_silently_dropped(tmp_
     assert "rows read 126 = accepted 120 + rejected 6 [ok]" in text
     assert "3 users had every row rejected: they send no report and are not in n" in text
     assert {json.loads(x)["n_reports"] for x in out.read_text().splitlines()} == {60}
+
+
+def test_jobs_leave_no_temporary_files_and_default_outputs_land_in_the_working_directory(
+        tmp_path, monkeypatch, capsys):
+    """Derived dictionaries, set-size histograms and padding pre-passes live
+    in scratch directories removed when the job ends (also when it fails);
+    simulate's estimates without --output go to the working directory."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    ratings = _ratings(tmp_path / "raw" / "r.csv", 60, 0)
+    assert cli.main(["perturb", *MECH, "--input", str(ratings), "--rating-range", "1,5", "--padding", "auto",
+                     "--output", str(tmp_path / "rep" / "R.avro")]) == 0
+    assert cli.main(["simulate", *MECH, "--users", "300", "--keys", "5", "--seed", "2"]) == 0
+    assert f"estimates written to {work}/estimates-pckv-grr-eps2.jsonl" in capsys.readouterr().out
+    assert len((work / "estimates-pckv-grr-eps2.jsonl").read_text().splitlines()) == 5
+    bad = _ratings(tmp_path / "raw2" / "r.csv", 10, 10)
+    assert cli.main(["simulate", *MECH, "--dataset", str(bad), "--rating-range", "1,5",
+                     "--output", str(tmp_path / "e.jsonl")]) == 2          # fails after its pre-pass
+    assert list(scratch.iterdir()) == []
+
+
+def test_a_worker_error_names_its_element_once():
+    from kvldp.pipelines.failures import one_line
+    from kvldp.transforms.context import ElementError, element_context
+
+    with pytest.raises(ElementError) as caught, element_context("user batch 7 (10 users), round 1"):
+        raise ValueError("values outside [-1, 1]")
+    assert str(caught.value) == "user batch 7 (10 users), round 1: ValueError: values outside [-1, 1]"
+    with pytest.raises(ElementError) as caught, element_context("/d/r.csv"):
+        raise ValueError("/d/r.csv: CSV header lacks user")         # already named: not twice
+    assert str(caught.value) == "/d/r.csv: ValueError: CSV header lacks user"
+    beam_style = RuntimeError("Traceback …\nkvldp.transforms.context.ElementError: /d/r.csv: ValueError: bad "
+                              "[while running 'ReadRatings/Parse']")
+    assert one_line(beam_style) == "/d/r.csv: ValueError: bad (in ReadRatings/Parse)"

@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import glob
 
-import fastavro
 import numpy as np
 import pytest
 
 from kvldp.mechanisms import registry
-from kvldp.mechanisms.base import ReportBatch
-from kvldp.mechanisms.oracles import OLHReportBatch
 from kvldp.mechanisms.protocol import Collection, Protocol
 from kvldp.pipelines import cli
 from kvldp.pipelines.split import read_broadcast
+from kvldp.schemas import envelope
 
 N_USERS = 240
 EPS = 30.0
@@ -90,11 +88,8 @@ def round_counts(proto, round_index: int, prefix: str) -> np.ndarray:
     counts = proto.new_round_counts(round_index)
     for path in sorted(glob.glob(prefix + "-*.avro")):
         with open(path, "rb") as fh:
-            reader = fastavro.reader(fh)
-            olh = reader.writer_schema["name"].endswith("OLHReport")
-            rows = list(reader)
-        batch = (OLHReportBatch if olh else ReportBatch).from_records(rows)
-        proto.accumulate_round(round_index, counts, batch)
+            for batch in envelope.ReportContainer(fh).batches(proto, round_index):
+                proto.accumulate_round(round_index, counts, batch)
     return counts
 
 

@@ -56,8 +56,9 @@ def test_a_report_batch_survives_the_envelope():
     reports = _reports()
     body = envelope.reports_bytes(reports, CONFIG)
     container = envelope.ReportContainer(io.BytesIO(body))
-    assert container.config == CONFIG and container.schema_name == "KeyValueReport"
-    assert MECH.reports_from_records(0, list(container)).equals(reports)
+    assert container.config == CONFIG and container.columnar and container.kind == "report"
+    [decoded] = container.batches(MECH, 0)
+    assert decoded.equals(reports)
     attrs = envelope.message_attributes(CONFIG, 7, 1, 123)
     assert attrs[envelope.MESSAGE_ID] == envelope.message_id(envelope.config_fingerprint(CONFIG), 1, 7)
     assert attrs[envelope.EVENT_MS] == "123" and attrs[envelope.BATCH] == "7"

@@ -29,6 +29,7 @@ class Dataset:
     d: int
     n_users: int
     default_padding: int = 1
+    rating_range: tuple[float, float] | None = None     # the ratings' own scale, mapped onto [-1, 1]
 
     @property
     def key_names(self) -> list[str]:
@@ -49,8 +50,10 @@ class Dataset:
 class InMemoryDataset(Dataset):
     """Users already loaded (a real dataset); batches are slices."""
 
-    def __init__(self, name: str, users: UserBatch, key_names: Sequence[str], default_padding: int = 1):
+    def __init__(self, name: str, users: UserBatch, key_names: Sequence[str], default_padding: int = 1,
+                 rating_range: tuple[float, float] | None = None):
         self.name = name
+        self.rating_range = rating_range
         self.users = users
         self._key_names = list(key_names)
         self.d = len(self._key_names)
@@ -73,7 +76,7 @@ class InMemoryDataset(Dataset):
         pairs = _gather_pairs(self.users.offsets, pick, sizes)
         users = UserBatch(np.concatenate([[0], np.cumsum(sizes)]), self.users.keys[pairs], self.users.values[pairs])
         return InMemoryDataset(f"{self.name} (bootstrap of {n_users:,} users)", users, self._key_names,
-                               self.default_padding)
+                               self.default_padding, self.rating_range)
 
     def batch(self, batch_id: int, start: int, stop: int) -> UserBatch:
         lo, hi = self.users.offsets[start], self.users.offsets[stop]

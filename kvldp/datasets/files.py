@@ -39,7 +39,8 @@ def load_clothing(path: str | os.PathLike | None = None) -> InMemoryDataset:
     sizes = np.fromiter((e.shape[0] for e in entries), dtype=np.int64, count=len(entries))
     pairs = np.concatenate([np.asarray(e, dtype=np.float64).reshape(-1, 2) for e in entries])
     users = UserBatch(np.concatenate([[0], np.cumsum(sizes)]), pairs[:, 0].astype(np.int64) - 1, pairs[:, 1])
-    return InMemoryDataset("clothing", users, [str(k + 1) for k in range(d)], default_padding=2)
+    return InMemoryDataset("clothing", users, [str(k + 1) for k in range(d)], default_padding=2,
+                           rating_range=(1.0, 5.0))
 
 
 def load_movielens_100k() -> InMemoryDataset:
@@ -62,4 +63,4 @@ def load_movielens_100k() -> InMemoryDataset:
     order = np.lexsort((keys, users))
     sizes = np.bincount(np.unique(users[order], return_inverse=True)[1])
     batch = UserBatch(np.concatenate([[0], np.cumsum(sizes)]), keys[order], (ratings[order] - 3.0) / 2.0)
-    return InMemoryDataset("movielens-100k", batch, [str(m) for m in movie_ids])
+    return InMemoryDataset("movielens-100k", batch, [str(m) for m in movie_ids], rating_range=(1.0, 5.0))

@@ -117,6 +117,34 @@ class Reports(abc.ABC):
     def empty(cls, batch_id: int = 0, **shape) -> Reports:
         """A batch of no reports."""
 
+    def columns(self) -> dict[str, np.ndarray]:
+        """The batch as named arrays (``report_columns.avsc``): every array
+        field, in declaration order. Types whose arrays hold redundancy
+        (CSR offsets) override it with a denser form."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if isinstance(getattr(self, f.name), np.ndarray)}
+
+    @classmethod
+    def from_columns(cls, columns: dict[str, np.ndarray], batch_id: int = 0, **shape) -> Reports:
+        """Inverse of :meth:`columns` (``shape`` as for :meth:`from_records`)."""
+        return cls(**columns, batch_id=batch_id, **shape)
+
+    @classmethod
+    def concat_columns(cls, parts: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """Columns of several chunks as the columns of one (row-wise arrays
+        are concatenated; :meth:`columns` must keep them row-aligned)."""
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+    def rows(self, start: int, stop: int) -> Reports:
+        """Reports ``start:stop`` of the batch (for writing in chunks)."""
+        columns = self.columns()
+        return self.from_columns({k: v[start:stop] for k, v in columns.items()}, self.batch_id,
+                                 **self.shape())
+
+    def shape(self) -> dict:
+        """What the arrays alone do not say (``Protocol.report_shape``): none by default."""
+        return {}
+
     def equals(self, other: Reports) -> bool:
         """Same type and the same arrays, bit for bit."""
         if type(self) is not type(other):
@@ -169,6 +197,27 @@ class ReportBatch(Reports):
     @classmethod
     def empty(cls, batch_id: int = 0, **shape) -> ReportBatch:
         return cls(np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int8), batch_id)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """``sizes`` (entries per report) instead of the offsets: one small
+        number per report, and row-aligned; positions and symbols as they are."""
+        return {"sizes": np.diff(self.offsets), "positions": self.positions, "symbols": self.symbols}
+
+    @classmethod
+    def from_columns(cls, columns: dict[str, np.ndarray], batch_id: int = 0, **shape) -> ReportBatch:
+        sizes = np.asarray(columns["sizes"], dtype=np.int64)
+        if len(sizes) and sizes.min() < 0:
+            raise ValueError("a report with a negative number of entries")
+        return cls(np.concatenate([[0], np.cumsum(sizes)]), columns["positions"], columns["symbols"], batch_id)
+
+    @classmethod
+    def concat_columns(cls, parts: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        return {name: np.concatenate([p[name] for p in parts]) for name in ("sizes", "positions", "symbols")}
+
+    def rows(self, start: int, stop: int) -> ReportBatch:
+        lo, hi = self.offsets[start], self.offsets[stop]
+        return ReportBatch(self.offsets[start:stop + 1] - lo, self.positions[lo:hi], self.symbols[lo:hi],
+                           self.batch_id)
 
     def records(self) -> Iterator[dict]:
         offsets = self.offsets.tolist()

@@ -5,32 +5,42 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from pathlib import Path
 
 import numpy as np
 
-from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
+from kvldp.mechanisms import registry
 from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.randomness import SimulationSeed, noise_generator_name
-from kvldp.pipelines import mechanism_args, runner, sources
+from kvldp.pipelines import bench_kernels, bench_sweep, mechanism_args, runner, sources, sweep
 from kvldp.pipelines.graphs import simulate_graph
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.report import read_estimates
 from kvldp.pipelines.sources import DataConfig
+from kvldp.pipelines.units import path_arg
 from kvldp.transforms.io import WriteEstimates
 
 SYNTHETIC = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr")
 
 
 def add_arguments(parser: argparse.ArgumentParser):
-    mechanism_args.add_mechanism_args(parser, epsilon=4.0)
+    mechanism_args.add_mechanism_args(parser, epsilon=4.0, mechanism="pckv-ue")
     parser.add_argument("--users", type=sources.positive_int, default=1_000_000)
     parser.add_argument("--keys", type=sources.positive_int, default=100)
     parser.add_argument("--dataset", default="synthetic-uu", choices=SYNTHETIC)
-    parser.add_argument("--batch-size", type=sources.positive_int, default=DEFAULT_BATCH_SIZE)
+    sources.add_batch_args(parser)
     parser.add_argument("--seed", type=int, default=1)
     sources.add_fast_rng_arg(parser)
     parser.add_argument("--repeats", type=sources.positive_int, default=3,
                         help="timed runs of each path; the best is reported (the first pays one-off warm-up)")
+    sweep = parser.add_argument_group("a sweep: every mechanism at several sizes (bench.csv + bench.png)")
+    sweep.add_argument("--sweep", default=None, type=path_arg, metavar="DIR",
+                       help="run the sweep into DIR: each (mechanism, users, path) in a process of its own")
+    sweep.add_argument("--mechanisms", default="all", help="comma-separated, or all (default)")
+    sweep.add_argument("--sizes", default="100000,1000000,10000000", help="user counts (default 1e5,1e6,1e7)")
+    sweep.add_argument("--kernels", action="store_true",
+                       help="also the GRR/OUE/OLH kernels against the plain NumPy floor, and the peer libraries "
+                            "when installed (pip install 'kvldp[bench]')")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,32 +50,56 @@ class BenchConfig:
     data: DataConfig
     mechanism: MechanismConfig
     repeats: int = 3
+    sweep: str | None = None                  # a sweep's output directory
+    mechanisms: tuple[str, ...] = ()          # the sweep's mechanisms
+    sizes: tuple[int, ...] = (100_000, 1_000_000, 10_000_000)
+    kernels: bool = False
+
+    def __post_init__(self):
+        for name in self.mechanisms:
+            registry.factory(name)
 
     @classmethod
     def from_args(cls, args) -> BenchConfig:
-        return cls(DataConfig.from_args(args), MechanismConfig.from_args(args), args.repeats)
+        names = registry.names() if args.mechanisms == "all" else tuple(
+            m.strip() for m in args.mechanisms.split(",") if m.strip())
+        try:
+            sizes = tuple(int(float(s)) for s in args.sizes.split(","))
+        except ValueError:
+            raise ValueError(f"--sizes takes comma-separated user counts, got {args.sizes!r}") from None
+        return cls(DataConfig.from_args(args), MechanismConfig.from_args(args), args.repeats, args.sweep,
+                   tuple(names), sizes, args.kernels)
 
 
 def _beam_run(config: BenchConfig, beam_args, dataset, mechanism, seed) -> tuple[float, np.ndarray]:
-    out = runner.scratch_path(beam_args, "estimates.jsonl")
     start = time.perf_counter()
+    frequency = beam_frequencies(config.data, beam_args, dataset, mechanism, seed)
+    return time.perf_counter() - start, frequency
+
+
+def beam_frequencies(data: DataConfig, beam_args, dataset, mechanism, seed) -> np.ndarray:
+    """The simulate pipeline without the truth: frequency estimates in the
+    order of the local runner's arrays (``mechanism.estimate_keys``; IOH: its chosen keys)."""
+    out = runner.scratch_path(beam_args, "estimates.jsonl")
     p = runner.make_pipeline(beam_args)
-    source = sources.user_source(p, config.data, dataset)
+    source = sources.user_source(p, data, dataset)
     run = simulate_graph(source.users, mechanism, seed, source.key_names, truth=False)
     run["records"] | "Write" >> WriteEstimates(out)
     p.run().wait_until_finish()
-    seconds = time.perf_counter() - start
     by_key = {int(r["key"]): r["frequency"] for r in read_estimates(out)}
-    # in the order of the local runner's arrays: mechanism.estimate_keys (IOH: its chosen keys)
-    return seconds, np.array([np.nan if by_key[k] is None else by_key[k] for k in mechanism.estimate_keys])
+    return np.array([np.nan if by_key[k] is None else by_key[k] for k in mechanism.estimate_keys])
 
 
 def run(config: BenchConfig, beam_args) -> dict:
+    if config.sweep:
+        return run_sweep(config)
     data = config.data
     seeds = sources.Seeds.of(data)
     dataset = sources.built_in_dataset(data, seeds.data)
     mechanism = config.mechanism.make(dataset.d, dataset, mechanism_args.resolve_ioh_keys(
         config.mechanism, data, beam_args, dataset.key_names, dataset, None))
+    data = data.sized_for(mechanism, dataset.d)
+    config = dataclasses.replace(config, data=data)
     crypto = not isinstance(seeds.perturb, SimulationSeed)
     numpy_s, beam_s, fast_s = [], [], []
     for _ in range(config.repeats):
@@ -98,3 +132,29 @@ def _numpy_run(mechanism, dataset, seed, batch_size):
     start = time.perf_counter()
     result = run_local(mechanism, dataset, seed, batch_size)
     return time.perf_counter() - start, result
+
+
+def run_sweep(config: BenchConfig) -> dict:
+    """``--sweep DIR``: ``bench_sweep`` over the mechanisms and sizes, and
+    with ``--kernels`` the kernel floors and the peers."""
+    out = Path(config.sweep)
+    seed = config.data.seed if config.data.seed is not None else 1
+    rows = bench_sweep.run_sweep(config.mechanisms, config.sizes, config.data.keys, seed,
+                                 config.mechanism.epsilon, out)
+    print(f"sweep: {out / 'bench.csv'}, {out / 'bench.png'}")
+    result = {"rows": rows}
+    if config.kernels:
+        kernel_rows = bench_kernels.kernels(min(max(config.sizes), 1_000_000), config.data.keys,
+                                            config.mechanism.epsilon, seed)
+        for r in kernel_rows:
+            print(f"kernel {r['oracle']}: kvldp {r['kvldp_users_per_s'] / 1e6:.2f} M/s, plain NumPy floor "
+                  f"{r['floor_users_per_s'] / 1e6:.2f} M/s: kvldp takes {r['floor_over_kvldp']:.2f}x the floor's time")
+        peer_rows = bench_kernels.peers(tuple(n for n in config.sizes if n <= 1_000_000), config.data.keys,
+                                        config.mechanism.epsilon, seed)
+        for r in peer_rows:
+            print(f"{r['who']:28s} {r['oracle']} n={r['users']:>9,}: {r['seconds']:8.1f} s (whole command)"
+                  + (f" FAILED {r['error']}" if r["error"] else ""))
+        sweep.write_csv_atomically(out / "kernels.csv", list(kernel_rows[0]), kernel_rows)
+        sweep.write_csv_atomically(out / "peers.csv", ["who", "oracle", "users", "seconds", "error"], peer_rows)
+        result.update(kernels=kernel_rows, peers=peer_rows)
+    return result

@@ -96,10 +96,14 @@ def main(argv=None) -> int:
     top = parser()
     args, beam_args = top.parse_known_args(argv)
     try:
-        COMMANDS[args.command].run(config_from_args(top, args, beam_args), beam_args)
+        with runner.scratch_scope():
+            COMMANDS[args.command].run(config_from_args(top, args, beam_args), beam_args)
     except runner.DryRunFinished as done:
         print(done)
         return 0
+    except evaluate.SweepInterrupted as stop:
+        print(f"kvldp {args.command}: {stop}", file=sys.stderr)
+        return 130
     except (ValueError, FileNotFoundError) as err:
         print(f"kvldp {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -14,8 +14,11 @@ frequency ``>= 1/d``, the keys without an interval, the keys with s.e. 0
 and the keys left null. The MSE of the mean is taken over the keys whose
 paper (raw) mean is not null, for every post-processing, so the numbers
 compare; null estimates are left out and counted apart. Cells run in
-parallel worker processes (``--parallel``); a rerun with the same ``--out``
-runs only the (cell, post-processing) pairs ``results.csv`` does not hold.
+worker processes (``--parallel``); each finished (cell, post-processing)
+pair is stored whole under a fingerprint of its parameters (``sweep``), so
+a rerun with the same ``--out`` runs exactly the pairs not done with the
+same parameters, and ``results.csv`` holds the current sweep's pairs only.
+SIGINT/SIGTERM stop it within seconds, leaving no worker behind.
 ``--engine numpy`` runs each cell on the pure-NumPy local runner instead of
 a Beam pipeline (the same estimates for the same seed, several times
 faster; built-in datasets only; one run serves every post-processing, where
@@ -26,11 +29,10 @@ gain of each post-processing over ``raw`` per mechanism and epsilon.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as futures
 import copy
 import csv
 import dataclasses
-import multiprocessing
+import functools
 import os
 from pathlib import Path
 
@@ -41,7 +43,7 @@ from kvldp.mechanisms import metrics, registry
 from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.postprocess import DEFAULT as DEFAULT_POSTPROCESS
 from kvldp.mechanisms.postprocess import RAW, postprocess_all
-from kvldp.pipelines import figures, mechanism_args, simulate, sources
+from kvldp.pipelines import figures, mechanism_args, runner, simulate, sources, sweep
 from kvldp.pipelines.graphs import to_records
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.postprocessing import postprocess_list
@@ -151,19 +153,7 @@ class EvaluateConfig:
         return SimulateConfig(
             dataclasses.replace(self.data, seed=(self.data.seed or 0) + repeat),
             self.template.for_cell(name, eps, top=max(self.top_sets)),
-            output=os.path.join(out_dir, "runs", f"{name}_eps{eps:g}_r{repeat}.jsonl"))
-
-
-def done_cells(path: Path) -> set:
-    """``(mechanism, epsilon, repeat, post-processing)`` of the rows ``path`` holds."""
-    if not path.exists():
-        return set()
-    with open(path, newline="") as fh:
-        reader = csv.DictReader(fh)
-        if reader.fieldnames != FIELDS:
-            raise ValueError(f"{path} has the columns {reader.fieldnames}, not this kvldp's {FIELDS} "
-                             "(written by an older version?): give a new --out")
-        return {(r["mechanism"], float(r["epsilon"]), int(r["repeat"]), r["postprocess"]) for r in reader}
+            output=os.path.join(out_dir, "runs", f"{cell_name(cell)}.jsonl"))
 
 
 def _column(records, field):
@@ -249,9 +239,10 @@ def run_numpy(config: SimulateConfig, beam_args, methods=None) -> dict:
         raise ValueError("--engine numpy runs built-in datasets only (synthetic-*, clothing, movielens-100k)")
     ioh_keys = mechanism_args.resolve_ioh_keys(config.mechanism, data, beam_args, dataset.key_names, dataset, None)
     mechanism = config.mechanism.make(dataset.d, dataset, ioh_keys)
-    result = run_local(mechanism, dataset, seeds.perturb, data.batch_size)
+    result = run_local(mechanism, dataset, seeds.perturb, data.sized_for(mechanism, dataset.d).sized_batch)
     methods = tuple(dict.fromkeys(methods or (config.postprocess,)))
-    by_method = {method: to_records(est, dataset.key_names, result.truth, keys=mechanism.estimate_keys)
+    by_method = {method: to_records(est, dataset.key_names, result.truth, keys=mechanism.estimate_keys,
+                                    rating_range=data.rating_scale(dataset))
                  for method, est in zip(methods, postprocess_all(result.estimates, methods), strict=True)}
     return {"mechanism": mechanism, "dataset": dataset.name, "records": by_method[methods[0]],
             "records_by_method": by_method, "n_users": dataset.n_users, "stats": {}}
@@ -339,36 +330,76 @@ def gain_table(results_csv) -> str:
     return "\n".join(out) + "\n"
 
 
+def cell_parameters(config: EvaluateConfig, cell, method: str) -> dict:
+    """Everything that shapes the rows of one cell post-processed by
+    ``method``: its simulation (data, mechanism and options, seed), the
+    post-processing and how it is scored -- not where it is written, how
+    many cells run at once or which other post-processings are scored."""
+    sweep_wide = {"mechanisms", "epsilons", "repeats", "out", "parallel", "data", "template", "postprocess"}
+    scoring = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in sweep_wide}
+    return {"simulation": dataclasses.replace(config.cell(cell, ""), output=None), "postprocess": method,
+            **scoring}
+
+
+def cell_name(cell) -> str:
+    name, eps, repeat = cell
+    return f"{name}_eps{eps:g}_r{repeat}"
+
+
+def pair_name(cell, method: str) -> str:
+    """The cell store's name of a (cell, post-processing) pair."""
+    return f"{cell_name(cell)}_{method.replace('+', '-')}"
+
+
+def run_cell_task(config: EvaluateConfig, beam_args, out_dir: str, task) -> list[dict]:
+    """A worker's task, ``(cell, post-processings)``: its rows, its scratch
+    files removed when it ends (no progress lines: the sweep's own bar
+    counts cells)."""
+    cell, methods = task
+    os.environ.setdefault(runner.PROGRESS_ENV, "0")
+    with runner.scratch_scope():
+        return run_cell(cell, config, beam_args, out_dir, methods)
+
+
 def run(config: EvaluateConfig, beam_args) -> dict:
     out_dir = Path(config.out)
     (out_dir / "runs").mkdir(parents=True, exist_ok=True)
+    store = sweep.CellStore(out_dir, FIELDS)
     results = out_dir / "results.csv"
-    finished = done_cells(results)
-    todo = []
-    for c in config.cells():
-        missing = tuple(m for m in config.postprocess if (*c, m) not in finished)
-        if missing:
-            todo.append((c, missing))
-    done = len(config.cells()) - len(todo)
-    print(f"{done} cells done, {len(todo)} to run ({','.join(config.mechanisms)} x eps "
+    pairs = {(cell, method): sweep.fingerprint(cell_parameters(config, cell, method))
+             for cell in config.cells() for method in config.postprocess}
+    wanted = [(pair_name(*pair), fp) for pair, fp in pairs.items()]
+    todo = {}
+    for (cell, method), fp in pairs.items():
+        if not store.done(pair_name(cell, method), fp):
+            todo.setdefault(cell, []).append(method)
+    tasks = [(cell, tuple(methods)) for cell, methods in todo.items()]
+    others = store.others({store.path(*w) for w in wanted})
+    n_cells = len(config.cells())
+    print(f"{n_cells - len(tasks)} cells done, {len(tasks)} to run ({','.join(config.mechanisms)} x eps "
           f"{','.join(f'{e:g}' for e in config.epsilons)} x {config.repeats} repeats on {config.data.dataset}; "
-          f"post-processing {','.join(config.postprocess)})")
-    new_file = not results.exists()
-    with open(results, "a", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=FIELDS)
-        if new_file:
-            writer.writeheader()
-        if config.parallel > 1 and len(todo) > 1:
-            ctx = multiprocessing.get_context("spawn")
-            with futures.ProcessPoolExecutor(config.parallel, mp_context=ctx) as pool:
-                jobs = [pool.submit(run_cell, c, config, beam_args, str(out_dir), missing) for c, missing in todo]
-                for job in tqdm(futures.as_completed(jobs), total=len(jobs), desc="cells", unit="run"):
-                    writer.writerows(job.result())
-                    fh.flush()
-        else:
-            for c, missing in tqdm(todo, desc="cells", unit="run"):
-                writer.writerows(run_cell(c, config, beam_args, str(out_dir), missing))
-                fh.flush()
+          f"post-processing {','.join(config.postprocess)}: {sum(map(len, todo.values()))} of {len(pairs)} "
+          "(cell, post-processing) pairs to score)"
+          + (f"; {others} cells of other parameters in {store.directory} are left out" if others else ""))
+    progress = tqdm(total=len(tasks), desc="cells", unit="run")
+
+    def finished(task, rows):
+        cell, methods = task
+        for method in methods:
+            store.write(pair_name(cell, method), pairs[(cell, method)], [r for r in rows if r["postprocess"] == method])
+        sweep.write_csv_atomically(results, FIELDS, store.rows(wanted))
+        progress.update()
+
+    try:
+        sweep.run_cells(functools.partial(run_cell_task, config, beam_args, str(out_dir)), tasks,
+                        config.parallel, finished)
+    except sweep.Interrupted as stop:
+        progress.close()
+        done = sum(store.done(*w) for w in wanted)
+        raise SweepInterrupted(f"stopped by {stop}: {done} of {len(pairs)} (cell, post-processing) pairs are in "
+                               f"{results}; rerun the same command to run the rest") from None
+    progress.close()
+    sweep.write_csv_atomically(results, FIELDS, store.rows(wanted))
     pngs = figures.plot_results(results, out_dir)
     table = coverage_table(results)
     (out_dir / "coverage.md").write_text(table)
@@ -380,3 +411,7 @@ def run(config: EvaluateConfig, beam_args) -> dict:
     for png in pngs:
         print(f"figure: {png}")
     return {"results": str(results), "figures": [str(p) for p in pngs], "ran": len(todo)}
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """An evaluate sweep stopped by a signal (the CLI exits 130 with its message)."""

@@ -28,6 +28,8 @@ def one_line(err: BaseException) -> str:
     found = [m for m in map(_EXCEPTION_LINE.match, text.splitlines()) if m]
     what = f"{found[-1].group(1).rsplit('.', 1)[-1]}: {found[-1].group(2).strip()}" if found else (
         f"{type(err).__name__}: {text.strip().splitlines()[0] if text.strip() else ''}")
+    if what.startswith("ElementError: "):          # transforms.context: "ELEMENT: Type: message"
+        what = what[len("ElementError: "):]
     where = _TRANSFORM.findall(text)
     what = _TRANSFORM.sub("", what).strip()
     return f"{what}{f' (in {where[-1]})' if where else ''}"

@@ -7,6 +7,12 @@ colour's lines), mean over repeats with min-max bars, the paper's
 closed-form theory thin and dotted in the same colour; NCR against epsilon
 for each top-t set; the coverage of the 95 % intervals (frequency and mean,
 keys with true frequency ``>= 1/d``) against epsilon with the nominal 0.95.
+
+A mechanism has one colour and one marker in every figure of every sweep
+(``style``). The y-axis spans the measured values: a closed-form theory far
+above them (the variance of an unclipped estimator at small epsilon, up to
+10^6 where clipped estimates have MSE <= 4) leaves the axis instead of
+squashing the measurements into one line.
 """
 from __future__ import annotations
 
@@ -14,8 +20,30 @@ import csv
 from collections import defaultdict
 from pathlib import Path
 
+from kvldp.mechanisms import registry
+
 FIGSIZE = (8, 5)        # inches
 DPI = 100               # -> 800 x 500 pixels
+MARKERS = "osD^vP*Xh<>p"
+LINESTYLES = ("-", "--", "-.", ":", (0, (6, 2, 1, 2, 1, 2)), (0, (3, 1, 1, 1)), (0, (8, 3)))   # per post-processing
+THEORY_STYLE = (0, (1, 4))      # sparse dots: the paper's closed form
+
+
+def style(series: str) -> dict:
+    """Colour and marker of a series: fixed per mechanism (its place in the
+    registry), whatever else a figure shows; a variant ``"MECH (…)"``
+    keeps its mechanism's colour and marker, with a dotted line."""
+    mechanism = series.split(" (", 1)[0]
+    known = registry.names()
+    i = known.index(mechanism) if mechanism in known else len(known) + sum(map(ord, mechanism)) % 20
+    return {"color": _PALETTE[i % len(_PALETTE)], "marker": MARKERS[i % len(MARKERS)],
+            "linestyle": ":" if mechanism != series else "-"}
+
+
+# matplotlib's tab20, dark shades first: 20 colours told apart in print
+_PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+            "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94",
+            "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5"]
 
 
 def _load(path: Path):
@@ -26,10 +54,6 @@ def _load(path: Path):
             r["theory"] = float(r["theory"]) if r["theory"] not in ("", None) else None
             rows.append(r)
     return rows
-
-
-LINESTYLES = ("-", "--", "-.", ":", (0, (6, 2, 1, 2, 1, 2)), (0, (3, 1, 1, 1)), (0, (8, 3)))
-THEORY_STYLE = (0, (1, 4))      # sparse dots: the paper's closed form
 
 
 def _series(rows, metric, key_set):
@@ -54,31 +78,37 @@ def _plot(series, title: str, ylabel: str, path: Path, log: bool, reference: flo
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
+    # a key is (mechanism, post-processing), or a mechanism alone (its raw estimates)
+    series = {(k, "raw") if isinstance(k, str) else k: pts for k, pts in series.items()}
     mechanisms = sorted({m for m, _ in series})
     methods = sorted({p for _, p in series}, key=lambda p: (p != "raw", p))
+    measured, with_theory = [], set()
     for (mech, method), pts in sorted(series.items(), key=lambda kv: (kv[0][0], methods.index(kv[0][1]))):
-        colour = f"C{mechanisms.index(mech) % 10}"
-        style = LINESTYLES[methods.index(method) % len(LINESTYLES)]
+        look = {**style(mech), "linestyle": LINESTYLES[methods.index(method) % len(LINESTYLES)]}
         label = mech if len(methods) == 1 else f"{mech} ({method})"
         eps = [p[0] for p in pts]
         mean = [p[1] for p in pts]
+        measured += [p[2] for p in pts] + [p[3] for p in pts]
         err = [[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]
-        ax.errorbar(eps, mean, yerr=err, marker="o", ms=4, capsize=2, color=colour, linestyle=style, label=label)
+        ax.errorbar(eps, mean, yerr=err, ms=4, capsize=2, label=label, **look)
         theory = [(p[0], p[4]) for p in pts if p[4] is not None and p[4] > 0]
-        if theory:
-            ax.plot(*zip(*theory, strict=True), linestyle=THEORY_STYLE, linewidth=0.8, color=colour, alpha=0.8,
-                    label=f"{mech} (theory)")
+        if theory and mech not in with_theory:      # the theory once per mechanism
+            with_theory.add(mech)
+            ax.plot(*zip(*theory, strict=True), linestyle=THEORY_STYLE, linewidth=0.8, color=look["color"],
+                    alpha=0.8, label=f"{mech} (theory)")
     if reference is not None:
         ax.axhline(reference, color="grey", linestyle=":", label=f"nominal {reference:g}")
+        measured.append(reference)
     if log:
         ax.set_yscale("log")
+    _fit_to_measurements(ax, measured, log)
     ax.set_xlabel("epsilon")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    if len(methods) > 1:     # colour = mechanism, line style = post-processing: one legend entry each
+    if len(methods) > 1:     # colour and marker = mechanism, line style = post-processing: one legend entry each
         from matplotlib.lines import Line2D
-        handles = [Line2D([], [], color=f"C{i % 10}", label=m) for i, m in enumerate(mechanisms)]
+        handles = [Line2D([], [], color=style(m)["color"], marker=style(m)["marker"], label=m) for m in mechanisms]
         handles += [Line2D([], [], color="black", linestyle=LINESTYLES[i % len(LINESTYLES)], label=p)
                     for i, p in enumerate(methods)]
         if any(h.get_label().endswith("(theory)") for h in ax.get_lines()):
@@ -92,6 +122,19 @@ def _plot(series, title: str, ylabel: str, path: Path, log: bool, reference: flo
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
+
+
+def _fit_to_measurements(ax, values, log: bool):
+    """The y-axis around the measured values (with a margin), not the theory's."""
+    values = [v for v in values if v == v and (v > 0 or not log)]
+    if not values:
+        return
+    lo, hi = min(values), max(values)
+    if log:
+        ax.set_ylim(lo / 2.0, hi * 2.0)
+    else:
+        pad = 0.05 * (hi - lo) or 0.05 * abs(hi) or 0.05
+        ax.set_ylim(lo - pad, hi + pad)
 
 
 def plot_results(results_csv, out_dir) -> list[Path]:

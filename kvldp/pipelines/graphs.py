@@ -18,15 +18,17 @@ from kvldp.transforms.accumulate import ArraySumCombineFn
 from kvldp.transforms.rounds import CollectRound, RunProtocol
 
 
-def to_records(est: Estimates, key_names: Sequence[str], truth=None, keys: Sequence[int] | None = None):
+def to_records(est: Estimates, key_names: Sequence[str], truth=None, keys: Sequence[int] | None = None,
+               rating_range: tuple[float, float] | None = None):
     """Estimate records; ``keys`` selects the dictionary entries the estimates
-    are about (all by default; IOH estimates its chosen keys only)."""
+    are about (all by default; IOH estimates its chosen keys only);
+    ``rating_range``: the ratings' own scale, for the means on it."""
     keys = list(range(len(key_names))) if keys is None else list(keys)
     names = [key_names[k] for k in keys]
     if truth is None:
-        return estimate_records(est, names)
+        return estimate_records(est, names, rating_range=rating_range)
     f, m = truth_from_counts(truth, len(key_names))
-    return estimate_records(est, names, f[keys], m[keys])
+    return estimate_records(est, names, f[keys], m[keys], rating_range=rating_range)
 
 
 def truth_sum(users, d: int):
@@ -41,29 +43,33 @@ def final_estimates(state, protocol: Protocol, method: str = RAW) -> Estimates:
     return postprocess(protocol.estimates(state), method)
 
 
-def records_of(state, protocol: Protocol, key_names, truth=None, method: str = RAW):
+def records_of(state, protocol: Protocol, key_names, truth=None, method: str = RAW, rating_range=None):
     """``state -> estimate records`` post-processed by ``method`` (with the
-    true values when ``truth``, a one-element PCollection of ``truth_sum``)."""
+    true values when ``truth``, a one-element PCollection of ``truth_sum``;
+    means also on ``rating_range``, the ratings' own scale, when given)."""
     extra = [] if truth is None else [AsSingleton(truth)]
     return (state
             | "Estimates" >> beam.Map(final_estimates, protocol, method)
-            | "ToRecords" >> beam.FlatMap(to_records, AsSingleton(key_names), *extra, keys=protocol.estimate_keys))
+            | "ToRecords" >> beam.FlatMap(to_records, AsSingleton(key_names), *extra, keys=protocol.estimate_keys,
+                                          rating_range=rating_range))
 
 
 def simulate_graph(users, protocol: Protocol, seed: int, key_names, fanout: int | None = None, truth: bool = True,
-                   method: str = RAW):
+                   method: str = RAW, rating_range=None):
     """A whole protocol as one pipeline: ``users -> {"records", "state", "counts"}``
     (every round; ``counts``: the last round's; records post-processed by ``method``)."""
     run = users | "Protocol" >> RunProtocol(protocol, seed, fanout)
-    records = records_of(run["state"], protocol, key_names, truth_sum(users, protocol.d) if truth else None, method)
+    records = records_of(run["state"], protocol, key_names, truth_sum(users, protocol.d) if truth else None,
+                         method, rating_range)
     return {"records": records, **run}
 
 
 def collect_graph(reports, protocol: Protocol, round_index: int, previous, key_names, fanout: int | None = None,
-                  method: str = RAW):
+                  method: str = RAW, rating_range=None):
     """The collector's graph of one round: ``reports -> {"records", "state", "counts"}``."""
     out = reports | f"CollectRound{round_index + 1}" >> CollectRound(protocol, round_index, previous, fanout)
-    return {"records": records_of(out["state"], protocol, key_names, method=method), **out}
+    return {"records": records_of(out["state"], protocol, key_names, method=method, rating_range=rating_range),
+            **out}
 
 
 def ioh_counts_file(counts, users, mechanism, key_names, path: str):

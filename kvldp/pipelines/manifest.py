@@ -26,8 +26,9 @@ import json
 import re
 from collections.abc import Sequence
 
-import fastavro
 from apache_beam.io.filesystems import FileSystems
+
+from kvldp.schemas import envelope
 
 FORMAT = "kvldp-reports-manifest/1"
 _BATCH_FILE = re.compile(r"^(?P<prefix>.*)-(?P<batch>\d{5,})\.avro$")
@@ -56,9 +57,9 @@ def file_digest(path: str) -> dict:
 
 
 def describe_file(path: str) -> dict:
-    """``file_digest`` and the number of reports (from the Avro blocks' headers)."""
+    """``file_digest`` and the number of reports it holds."""
     with FileSystems.open(path) as fh:
-        records = sum(block.num_records for block in fastavro.block_reader(fh))
+        records = envelope.ReportContainer(fh).count()
     return {**file_digest(path), "records": records}
 
 
@@ -77,12 +78,16 @@ def clear(prefix: str) -> list[str]:
     return stale
 
 
-def write_manifest(prefix: str, config: dict, key_names: Sequence[str]) -> dict:
+def write_manifest(prefix: str, config: dict, key_names: Sequence[str],
+                   rating_range: Sequence[float] | None = None) -> dict:
     """Describe every ``PREFIX-NNNNN.avro`` this run wrote (the pipeline has
-    finished) in ``PREFIX.manifest.json``; returns the manifest."""
+    finished) in ``PREFIX.manifest.json``; returns the manifest.
+    ``rating_range``: the ratings' own scale (public, like the config), so
+    the collector can give means on it."""
     files = batch_files(prefix)
     manifest = {"format": FORMAT, "config": json.loads(json.dumps(dict(config))),
                 "key_dictionary_sha256": dictionary_fingerprint(key_names), "keys": len(key_names),
+                "rating_range": None if rating_range is None else [float(x) for x in rating_range],
                 "files": [describe_file(f) for f in files]}
     manifest["reports"] = sum(f["records"] for f in manifest["files"])
     with FileSystems.create(manifest_path(prefix)) as fh:
@@ -99,6 +104,18 @@ def read_manifest(prefix: str) -> dict | None:
     if manifest.get("format") != FORMAT:
         raise ManifestMismatch(f"{path} is not a kvldp reports manifest ({FORMAT})")
     return manifest
+
+
+def rating_scale(pattern: str) -> tuple[float, float] | None:
+    """The rating range the manifests of the files ``pattern`` matches
+    state (``None``: none stated, or they disagree)."""
+    matched = sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+    prefixes = {m["prefix"] for path in matched if (m := _BATCH_FILE.match(path))}
+    found = set()
+    for prefix in prefixes:
+        manifest = read_manifest(prefix)
+        found.add(tuple(manifest["rating_range"]) if manifest and manifest.get("rating_range") else None)
+    return found.pop() if len(found) == 1 else None
 
 
 def check_delivery(pattern: str, key_names: Sequence[str], allow_partial: bool = False,

@@ -22,14 +22,16 @@ AUTO_PADDING = AUTO
 parse_padding = option_type("padding")
 
 
-def add_mechanism_args(parser: argparse.ArgumentParser, single: bool = True, epsilon: float | None = None):
+def add_mechanism_args(parser: argparse.ArgumentParser, single: bool = True, epsilon: float | None = None,
+                       mechanism: str | None = None):
     """``--mechanism``/``--epsilon`` (unless ``single`` is false: a sweep names
-    several; ``epsilon``: a default, else the flag is required) and every
-    mechanism's options, generated from their typed declarations
+    several; ``epsilon``/``mechanism``: defaults, else the flags are required)
+    and every mechanism's options, generated from their typed declarations
     (``kvldp.pipelines.flags``)."""
     if single:
-        parser.add_argument("--mechanism", required=True, choices=registry.names(),
-                            help="the registered mechanism (kvldp.mechanisms.registry)")
+        parser.add_argument("--mechanism", required=mechanism is None, default=mechanism, choices=registry.names(),
+                            help="the registered mechanism (kvldp.mechanisms.registry)"
+                                 + (f" (default {mechanism})" if mechanism else ""))
         parser.add_argument("--epsilon", type=float, required=epsilon is None, default=epsilon,
                             help="total privacy budget per user"
                                  + (f" (default {epsilon:g})" if epsilon is not None else ""))

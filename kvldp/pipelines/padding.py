@@ -93,7 +93,7 @@ def data_set_sizes(data: DataConfig, beam_args: Sequence[str], dataset: Dataset 
     if dataset is not None:
         if isinstance(dataset, InMemoryDataset):
             return size_histogram(dataset.users)
-        return merge_histograms(size_histogram(b) for b in dataset.batches(data.batch_size))
+        return merge_histograms(size_histogram(b) for b in dataset.batches(data.histogram_batch))
     return sources.users_prepass(data, beam_args, dictionary, size_histogram, "SetSizes")
 
 

@@ -26,7 +26,7 @@ import fastavro
 from apache_beam.io.filesystems import FileSystems
 
 from kvldp.mechanisms.randomness import fresh_seed
-from kvldp.pipelines import runner, split
+from kvldp.pipelines import split
 from kvldp.pipelines.pubsub_admin import ensure_subscription, ensure_topic
 from kvldp.pipelines.split import PerturbConfig
 from kvldp.pipelines.units import parse_duration, parse_instant_ms, pubsub_path
@@ -224,9 +224,9 @@ def run(config: PublishConfig, beam_args) -> dict:
         stale = discard_pending(config.broadcast_subscription)
         if stale:
             print(f"discarded {stale} broadcasts of an earlier collection on {config.broadcast_subscription}")
-    if not perturb.output:
-        directory = os.path.dirname(runner.scratch_path(beam_args, "x"))
-        perturb = dataclasses.replace(perturb, output=os.path.join(directory, "REPORTS.avro"))
+    if not perturb.output:          # the key dictionary and manifest are the collector's: keep them
+        perturb = dataclasses.replace(perturb, output=os.path.abspath(os.path.join("kvldp-published",
+                                                                                   "REPORTS.avro")))
     if rounds > 1 and perturb.data.seed is None:
         # every round must see the same users: one fresh secret seed for the whole collection
         perturb = dataclasses.replace(perturb, data=dataclasses.replace(perturb.data, seed=fresh_seed()))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import sys
 
 import fastavro
@@ -68,11 +69,37 @@ def _interval(r, what: str, digits: int) -> str:
     return f"[{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
-def print_table(records: list[dict], rows: int = 10, out=None):
+def scale_text(rating_range) -> str:
+    lo, hi = rating_range
+    return f"{lo:g}-{hi:g}"
+
+
+def _on_scale(mean, rating_range):
+    """A mean in [-1, 1] on the ratings' own scale (None stays None)."""
+    lo, hi = rating_range
+    return None if mean is None else lo + (mean + 1.0) * (hi - lo) / 2.0
+
+
+def rating_summary(summary: dict[str, float], rating_range) -> str:
+    """The mean errors of ``mse_summary`` on the ratings' own scale, as RMSEs
+    (an MSE of means in [-1, 1] times ((hi - lo)/2)^2)."""
+    half = (rating_range[1] - rating_range[0]) / 2.0
+    parts = [f"{k.replace('mse_mean_', '')} {math.sqrt(v) * half:.4g}" for k, v in summary.items()
+             if k.startswith("mse_mean_") and v == v]
+    return f"mean RMSE on the {scale_text(rating_range)} scale: " + ", ".join(parts)
+
+
+def print_table(records: list[dict], rows: int = 10, out=None, rating_range=None):
     """The most frequent keys: truth (when known) next to the estimate and
     its 95 % interval (``null`` where not estimable or, for a mean, where
-    the reports bound it no better than [-1, 1]; the status alongside)."""
+    the reports bound it no better than [-1, 1]; the status alongside).
+    With ``rating_range`` the means are shown on the ratings' own scale."""
     out = out or sys.stdout
+    if rating_range is not None:
+        records = [{**r, "mean": r.get("mean_rating"), "mean_se": r.get("mean_rating_se"),
+                    **{f: _on_scale(r.get(f), rating_range) for f in ("mean_lo", "mean_hi", "true_mean")}}
+                   for r in records]
+        print(f"(means on the ratings' {scale_text(rating_range)} scale)", file=out)
     has_truth = any(r.get("true_frequency") is not None for r in records)
     order_field = "true_frequency" if has_truth else "frequency"
     ranked = sorted(records, key=lambda r: -(r.get(order_field) or 0.0))[:rows]

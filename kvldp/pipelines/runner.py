@@ -1,12 +1,17 @@
 """Running a job: the pipeline factory (the safe local runner), scratch paths, counters."""
 from __future__ import annotations
 
+import atexit
+import contextlib
 import io
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
+import threading
+import time
 import uuid
 import warnings
 from collections.abc import Sequence
@@ -23,6 +28,8 @@ from apache_beam.options.pipeline_options import (
     TestOptions,
 )
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+from kvldp.transforms import tally
 
 SAFE_RUNNING_MODE = "in_memory"
 
@@ -83,14 +90,60 @@ def is_dry_run(beam_args: Sequence[str]) -> bool:
 def run_pipeline(p: beam.Pipeline, wait: bool = True):
     """``p.run()`` (and wait for it): with ``--dry_run`` the runner builds the
     job without submitting it and ``DryRunFinished`` says so, so no job goes
-    on to read outputs that were never written."""
-    result = p.run()
-    options = p.options.view_as(TestOptions)
-    if options.dry_run:
-        raise DryRunFinished(_dry_run_report(p, result))
-    if wait:
-        result.wait_until_finish()
+    on to read outputs that were never written. A job that runs longer than
+    the progress interval prints its counters every interval (``Progress``)."""
+    with Progress():
+        result = p.run()
+        options = p.options.view_as(TestOptions)
+        if options.dry_run:
+            raise DryRunFinished(_dry_run_report(p, result))
+        if wait:
+            result.wait_until_finish()
     return result
+
+
+PROGRESS_ENV = "KVLDP_PROGRESS_EVERY"
+PROGRESS_COUNTERS = (("rows_read", "rows read"), ("users_perturbed", "users perturbed"),
+                     ("reports_written", "reports written"), ("reports_read", "reports read"))
+
+
+class Progress:
+    """A line on stderr every ``KVLDP_PROGRESS_EVERY`` seconds (default 10;
+    0: none) while a job runs: what its DoFns have counted so far in this
+    process (``transforms.tally``: the local runner and Flink's LOOPBACK
+    workers run here; a remote runner's workers count elsewhere, and its own
+    console shows them)."""
+
+    def __init__(self, every: float | None = None, out=None):
+        self.every = float(os.environ.get(PROGRESS_ENV, "10")) if every is None else every
+        self.out = out or sys.stderr
+        self._stop = threading.Event()
+        self._thread = None
+
+    def __enter__(self):
+        if self.every > 0:
+            self._start = tally.tally(tally.PROCESS)
+            self._began = time.monotonic()
+            self._thread = threading.Thread(target=self._report, daemon=True, name="kvldp-progress")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def line(self) -> str | None:
+        now = tally.tally(tally.PROCESS)
+        parts = [f"{label} {now.get(name, 0) - self._start.get(name, 0):,}" for name, label in PROGRESS_COUNTERS
+                 if now.get(name, 0) - self._start.get(name, 0)]
+        return f"[{time.monotonic() - self._began:5.0f} s] " + " · ".join(parts) if parts else None
+
+    def _report(self):
+        while not self._stop.wait(self.every):
+            text = self.line()
+            if text:
+                print(text, file=self.out, flush=True)
 
 
 def _dry_run_report(p: beam.Pipeline, result) -> str:
@@ -109,14 +162,58 @@ def _dry_run_report(p: beam.Pipeline, result) -> str:
             f"submitted{f'; job request written to {job_file}' if job is not None and job_file else ''}")
 
 
+# Scratch directories by scope: the innermost ``scratch_scope`` removes what
+# was made inside it; the outermost (the process) is removed at exit.
+_SCRATCH_SCOPES: list[list[str]] = [[]]
+
+
 def scratch_path(beam_args: Sequence[str], name: str) -> str:
     """A fresh path for an intermediate file both the workers and this
     process can reach: under ``--temp_location`` when given (remote
-    runners), else in a local temporary directory."""
+    runners), else in a local temporary directory. The directory is removed
+    when the enclosing ``scratch_scope`` ends (a CLI job, an evaluate cell),
+    or at the latest when the process exits: nothing a user wants goes there."""
     temp = PipelineOptions(list(beam_args)).view_as(GoogleCloudOptions).temp_location
-    if temp:
-        return FileSystems.join(temp, f"kvldp-{uuid.uuid4().hex}", name)
-    return os.path.join(tempfile.mkdtemp(prefix="kvldp-"), name)
+    directory = (FileSystems.join(temp, f"kvldp-{uuid.uuid4().hex}") if temp
+                 else tempfile.mkdtemp(prefix="kvldp-"))
+    _SCRATCH_SCOPES[-1].append(directory)
+    return FileSystems.join(directory, name)
+
+
+@contextlib.contextmanager
+def scratch_scope():
+    """Remove the scratch directories made inside the block when it ends,
+    however it ends. After a dry run only local ones: a remote one was never
+    written, and asking a remote store without credentials retries for minutes."""
+    _SCRATCH_SCOPES.append([])
+    try:
+        yield
+    except DryRunFinished:
+        _remove_scratch(_SCRATCH_SCOPES.pop(), remote=False)
+        raise
+    except BaseException:
+        _remove_scratch(_SCRATCH_SCOPES.pop())
+        raise
+    _remove_scratch(_SCRATCH_SCOPES.pop())
+
+
+def _remove_scratch(directories: list[str], remote: bool = True):
+    for directory in directories:
+        try:
+            if "://" not in directory:
+                shutil.rmtree(directory, ignore_errors=True)
+                continue
+            if not remote:
+                continue
+            found = FileSystems.match([FileSystems.join(directory, "**")])[0].metadata_list
+            if found:
+                FileSystems.delete([m.path for m in found])
+        except Exception as err:        # a leftover temporary file must not fail a finished job
+            print(f"(could not remove the scratch directory {directory}: {err})", file=sys.stderr)
+    directories.clear()
+
+
+atexit.register(lambda: [_remove_scratch(scope) for scope in reversed(_SCRATCH_SCOPES)])
 
 
 def read_array(path: str) -> np.ndarray:

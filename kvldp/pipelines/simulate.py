@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import time
 
 import apache_beam as beam
@@ -28,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser):
     mechanism_args.add_mechanism_args(parser)
     sources.add_dataset_args(parser)
     sources.add_fast_rng_arg(parser)
-    parser.add_argument("--output", default=None, type=path_arg, help="estimates file (.avro, .jsonl or .csv)")
+    parser.add_argument("--output", default=None, type=path_arg,
+                        help="estimates file (.avro, .jsonl or .csv); default "
+                             "./estimates-MECHANISM-epsEPS.jsonl in the working directory")
     parser.add_argument("--rows", type=int, default=10, help="keys shown in the table")
     parser.add_argument("--fanout", type=int, default=None, help="CombineGlobally fanout")
     parser.add_argument("--query", action="append", default=[],
@@ -64,10 +67,10 @@ def execute(config: SimulateConfig, beam_args) -> dict:
     on stderr, before or after the run, when ``l`` truncates many users."""
     data, chosen = config.data, config.mechanism
     data.check_inputs()
-    if config.output:
-        sources.check_writable(config.output, "--output")
-    if config.output and not data.is_built_in:
-        sources.check_writable(data.dead_letter_path(config.output), "--dead-letter")
+    output = config.output or default_output(config)
+    sources.check_writable(output, "--output")
+    if not data.is_built_in:
+        sources.check_writable(data.dead_letter_path(output), "--dead-letter")
     seeds = sources.Seeds.of(data)
     dataset = sources.built_in_dataset(data, seeds.data)
     dictionary, set_sizes = (None, None) if dataset is not None else sources.key_dictionary_and_sizes(data, beam_args)
@@ -76,15 +79,16 @@ def execute(config: SimulateConfig, beam_args) -> dict:
     padding = resolve_padding(chosen, data, beam_args, dataset, dictionary, set_sizes)
     if config.queries and ioh_keys is None:
         raise ValueError("--query needs an IOH mechanism (ioh-oue, ioh-sue)")
-    output = config.output or runner.scratch_path(beam_args, "estimates.jsonl")
     summary_path, counts_path = output + ".protocol.json", output + ".counts.avro"
+    d = len(key_names)
+    mechanism = chosen.make(d, dataset, ioh_keys, padding=padding.l)
+    data = data.sized_for(mechanism, d)
     p = runner.make_pipeline(beam_args)
     source = sources.user_source(p, data, dataset, dictionary)
-    mechanism = chosen.make(source.d, dataset, ioh_keys, padding=padding.l)
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
     # users -> state after round 1 -> … -> final state -> records (+ summary)
     run = simulate_graph(source.users, mechanism, seeds.perturb, source.key_names, config.fanout,
-                         method=config.postprocess)
+                         method=config.postprocess, rating_range=data.rating_scale(dataset))
     if mechanism.max_rounds > 1:     # what the rounds did: rounds run, budget spent, the ledger
         (run["state"] | "Summary" >> beam.Map(protocol_summary, mechanism)
          | "WriteSummary" >> beam.io.WriteToText(summary_path, num_shards=1, shard_name_template=""))
@@ -102,7 +106,15 @@ def execute(config: SimulateConfig, beam_args) -> dict:
             "records": report.read_estimates(output), "n_users": getattr(dataset, "n_users", None),
             "protocol": json.loads(read_text(summary_path)) if mechanism.max_rounds > 1 else None,
             "counts_path": counts_path if ioh_keys is not None else None, "padding": padding.summary(),
-            "noise": noise_generator_name(seeds.perturb), "dead_letter": dead_letter}
+            "noise": noise_generator_name(seeds.perturb), "dead_letter": dead_letter,
+            "rating_range": data.rating_scale(dataset)}
+
+
+def default_output(config: SimulateConfig) -> str:
+    """Where estimates go without ``--output``: the working directory (a file
+    the user will want is never left in a temporary directory), one name per
+    mechanism and epsilon, overwritten by a rerun."""
+    return os.path.abspath(f"estimates-{config.mechanism.name}-eps{config.mechanism.epsilon:g}.jsonl")
 
 
 def run(config: SimulateConfig, beam_args) -> dict:
@@ -117,8 +129,10 @@ def run(config: SimulateConfig, beam_args) -> dict:
               f"epsilon spent per user: {info['epsilon_spent']:.6g} of {mechanism.epsilon:g}")
     runner.print_row_summary(stats)
     config.data.check_reject_rate(stats, out["dead_letter"])
-    report.print_table(records, config.rows)
+    report.print_table(records, config.rows, rating_range=out["rating_range"])
     print(" ".join(f"{k}={v:.4g}" for k, v in summary.items()))
+    if out["rating_range"] is not None and any(r.get("true_mean") is not None for r in records):
+        print(report.rating_summary(summary, out["rating_range"]))
     print(f"estimates written to {out['output']}")
     answers = []
     if out["counts_path"]:

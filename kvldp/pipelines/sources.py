@@ -3,6 +3,7 @@ dictionary, the seeds, and the ingest-side pre-passes over the raw data."""
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import functools
 import os
@@ -17,10 +18,11 @@ from kvldp.datasets import Dataset, SyntheticDataset, load_clothing, load_moviel
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
 from kvldp.mechanisms.padding import merge_histograms, size_histogram
 from kvldp.mechanisms.randomness import SimulationSeed, fresh_seed
+from kvldp.mechanisms.sizing import DEFAULT_MEMORY_BUDGET, batch_size_for
 from kvldp.pipelines import run_seed
-from kvldp.pipelines.runner import make_pipeline, read_array, save_array, scratch_path
-from kvldp.pipelines.units import path_arg
-from kvldp.transforms.ratings import DEAD_LETTER, ReadRatings
+from kvldp.pipelines.runner import Progress, make_pipeline, read_array, save_array, scratch_path
+from kvldp.pipelines.units import parse_bytes, path_arg
+from kvldp.transforms.ratings import DEAD_LETTER, RatingsFormat, ReadRatings, ScanRatings
 
 DATASETS = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr", "clothing", "movielens-100k")
 
@@ -37,14 +39,27 @@ def add_dataset_args(parser: argparse.ArgumentParser, default: str | None = "syn
     parser.add_argument("--seed-file", default=None, type=path_arg,
                         help="file holding the run seed as 32 hex digits (`kvldp seed FILE` writes one): "
                              "a reproducible real run without the seed on the command line")
-    parser.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="users per batch")
+    add_batch_args(parser)
     parser.add_argument("--resample-users", type=positive_int, default=None,
                         help="bootstrap a real dataset's users up to N (labelled in the output)")
     ratings = parser.add_argument_group("ratings files")
     ratings.add_argument("--input-format", choices=("csv", "jsonl", "avro"), default=None)
-    ratings.add_argument("--user-col", default="user")
-    ratings.add_argument("--item-col", default="item")
-    ratings.add_argument("--rating-col", default="rating")
+    ratings.add_argument("--user-col", default="user", help="the column of user ids (default user)")
+    ratings.add_argument("--item-col", default="item", help="the column of item ids (default item)")
+    ratings.add_argument("--rating-col", default="rating", help="the column of ratings (default rating)")
+    ratings.add_argument("--delimiter", type=delimiter_arg, default=",",
+                         help="CSV field separator: one character, or tab (default ,)")
+    ratings.add_argument("--encoding", default="utf-8",
+                         help="text encoding of CSV/JSONL files (default utf-8); a row with bytes it cannot "
+                              "decode goes to the dead letter")
+    header = ratings.add_mutually_exclusive_group()
+    header.add_argument("--has-header", dest="header", action="store_true", default=True,
+                        help="the first CSV row names the columns (the default)")
+    header.add_argument("--no-header", dest="header", action="store_false",
+                        help="the first CSV row is data: columns are named by --column-names, by default "
+                             "user,item,rating then their 0-based positions")
+    ratings.add_argument("--column-names", type=names_arg, default=None,
+                         help="comma-separated names of a headerless CSV file's columns")
     ratings.add_argument("--rating-range", type=parse_range, default=(-1.0, 1.0),
                          help="lo,hi of the ratings (mapped onto [-1, 1]); default -1,1")
     ratings.add_argument("--key-dictionary", default=None, type=path_arg,
@@ -60,6 +75,15 @@ def add_dataset_args(parser: argparse.ArgumentParser, default: str | None = "syn
 
 
 DEFAULT_MAX_REJECT_RATE = 0.05
+
+
+def add_batch_args(parser: argparse.ArgumentParser):
+    parser.add_argument("--batch-size", type=positive_int, default=None,
+                        help="users per batch (default: as many as --memory-budget allows for the mechanism's "
+                             f"report width, at most {DEFAULT_BATCH_SIZE:,})")
+    parser.add_argument("--memory-budget", type=parse_bytes, default=DEFAULT_MEMORY_BUDGET,
+                        help="memory one batch's perturbation may take, e.g. 512MiB, 2GiB (default 1GiB): "
+                             "sets the batch size from the report width (a UE report over many keys is wide)")
 
 
 def fraction(text: str) -> float:
@@ -82,6 +106,22 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def delimiter_arg(text: str) -> str:
+    """``--delimiter``: one character; ``tab`` or ``\\t`` for a tab."""
+    text = {"tab": "\t", "\\t": "\t"}.get(text, text)
+    if len(text) != 1:
+        raise argparse.ArgumentTypeError(f"must be one character (or tab), got {text!r}")
+    return text
+
+
+def names_arg(text: str) -> tuple[str, ...]:
+    """A comma-separated list of column names."""
+    names = tuple(n.strip() for n in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"an empty column name in {text!r}")
+    return names
 
 
 def parse_range(text: str) -> tuple[float, float]:
@@ -108,12 +148,17 @@ class DataConfig:
     keys: int = 100                          # synthetic d
     seed: int | None = None                  # None: fresh from the OS CSPRNG
     seed_origin: str | None = dataclasses.field(default=None, compare=False)   # flag, file, env (run_seed)
-    batch_size: int = DEFAULT_BATCH_SIZE
+    batch_size: int | None = None            # None: from memory_budget and the report width (sized_for)
+    memory_budget: int = DEFAULT_MEMORY_BUDGET   # bytes one batch's perturbation may take
     resample_users: int | None = None        # bootstrap a real dataset's users up to this many
     input_format: str | None = None          # csv, jsonl, avro; None: from the file name
     user_col: str = "user"
     item_col: str = "item"
     rating_col: str = "rating"
+    delimiter: str = ","
+    encoding: str = "utf-8"
+    header: bool = True                      # the first CSV row names the columns
+    column_names: tuple[str, ...] | None = None   # a headerless CSV file's columns
     rating_range: tuple[float, float] = (-1.0, 1.0)
     key_dictionary: str | None = None        # one item id per line; None: derived from the data
     shards: int = 16                         # user shards (= report batches) of ratings files
@@ -123,7 +168,7 @@ class DataConfig:
 
     def __post_init__(self):
         for name in ("users", "keys", "batch_size", "shards"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.resample_users is not None and self.resample_users < 1:
             raise ValueError(f"--resample-users must be >= 1, got {self.resample_users}")
@@ -131,6 +176,42 @@ class DataConfig:
         if not lo < hi:
             raise ValueError(f"--rating-range needs lo < hi, got {self.rating_range}")
         object.__setattr__(self, "rating_range", (float(lo), float(hi)))
+        _ = self.ratings_format    # checks the file-format flags when the config is built
+
+    @property
+    def ratings_format(self) -> RatingsFormat:
+        return RatingsFormat(self.input_format, self.user_col, self.item_col, self.rating_col, self.delimiter,
+                             self.encoding, self.header, self.column_names)
+
+    def sized_for(self, protocol, d: int) -> DataConfig:
+        """This config with a concrete ``batch_size``: the one given, else
+        the largest whose perturbation fits ``memory_budget`` for this
+        protocol's report width (``mechanisms.sizing``; the same for every
+        round and invocation, and independent of anyone's data). Ratings
+        files are batched by ``--shards``, not by size: unchanged."""
+        if self.batch_size is not None or not self.is_built_in:
+            return self
+        return dataclasses.replace(self, batch_size=batch_size_for(protocol, d, self.memory_budget))
+
+    def rating_scale(self, dataset: Dataset | None) -> tuple[float, float] | None:
+        """The ratings' own scale (for means printed and written on it): a
+        built-in dataset's, else the ``--rating-range`` the files were read
+        with; ``None`` when that is the internal ``[-1, 1]`` anyway."""
+        scale = dataset.rating_range if dataset is not None else self.rating_range
+        return None if scale is None or tuple(scale) == (-1.0, 1.0) else tuple(map(float, scale))
+
+    @property
+    def sized_batch(self) -> int:
+        """The batch size of a job that perturbs: set by ``sized_for`` first."""
+        if self.batch_size is None:
+            raise RuntimeError("the batch size is set from the mechanism (DataConfig.sized_for) before users "
+                               "are batched")
+        return self.batch_size
+
+    @property
+    def histogram_batch(self) -> int:
+        """Users per batch of a pre-pass that only counts (no reports)."""
+        return self.batch_size or DEFAULT_BATCH_SIZE
 
     @property
     def is_built_in(self) -> bool:
@@ -161,8 +242,12 @@ class DataConfig:
     def check_inputs(self) -> None:
         """Before any pipeline: a ratings pattern must match a file, and a
         given key dictionary must exist."""
-        if not self.is_built_in and not matches(self.dataset):
-            raise FileNotFoundError(f"--input {self.dataset!r} matches no file")
+        if not self.is_built_in:
+            files = matched(self.dataset)
+            if not files:
+                raise FileNotFoundError(f"--input {self.dataset!r} matches no file")
+            for path in files:
+                self.ratings_format.check_file(path)
         if self.key_dictionary and not FileSystems.exists(self.key_dictionary):
             raise FileNotFoundError(f"--key-dictionary {self.key_dictionary} does not exist")
 
@@ -178,20 +263,24 @@ class DataConfig:
 
     def read_ratings(self, dictionary: Sequence[str] | None) -> ReadRatings:
         """The transform reading this config's ratings files."""
-        return ReadRatings(self.dataset, self.rating_range, dictionary, self.input_format,
-                           self.user_col, self.item_col, self.rating_col, self.shards)
+        return ReadRatings(self.dataset, self.rating_range, dictionary, self.ratings_format, self.shards)
 
 
 class TooManyRejected(ValueError):
     """A job that rejected more of its input than ``--max-reject-rate``."""
 
 
+def matched(pattern: str) -> list[str]:
+    """The files a pattern (local or any Beam filesystem) matches."""
+    try:
+        return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+    except Exception:          # Beam raises BeamIOError for a pattern under a missing directory
+        return []
+
+
 def matches(pattern: str) -> bool:
     """Whether a file pattern (local or any Beam filesystem) matches a file."""
-    try:
-        return bool(FileSystems.match([pattern])[0].metadata_list)
-    except Exception:          # Beam raises BeamIOError for a pattern under a missing directory
-        return False
+    return bool(matched(pattern))
 
 
 def check_writable(path: str, flag: str) -> None:
@@ -218,10 +307,16 @@ def input_directory(pattern: str) -> str:
 
 
 def read_dictionary(path: str) -> list[str]:
+    """A key dictionary: one item id per line (UTF-8), index = key. Ids are
+    kept exactly, whitespace included (stripping it made ``"A"`` and ``"A "``
+    one key); only the line terminators (``\\n``, ``\\r\\n``) and empty lines go."""
     with FileSystems.open(path) as fh:
-        names = [line.strip() for line in fh.read().decode("utf-8").splitlines() if line.strip()]
+        text = fh.read().decode("utf-8")
+    names = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+    names = [name for name in names if name]
     if len(set(names)) != len(names):
-        raise ValueError(f"key dictionary {path} lists a key twice")
+        twice = sorted(name for name, count in collections.Counter(names).items() if count > 1)[:3]
+        raise ValueError(f"key dictionary {path} lists a key twice: {', '.join(map(repr, twice))}")
     if not names:
         raise ValueError(f"key dictionary {path} is empty")
     return names
@@ -286,17 +381,17 @@ class UserSource:
 
 def derive_dictionary_and_sizes(data: DataConfig, beam_args) -> tuple[list[str], np.ndarray]:
     """The pre-pass over ratings files: the sorted distinct item ids and the
-    users' set-size histogram (``mechanisms.padding``) in one job. The
-    histogram costs nothing extra: ``ReadRatings`` assembles the users
-    anyway, and with the derived dictionary the main job accepts exactly the
-    same rows, so it is the histogram of the users the main job perturbs."""
+    users' set-size histogram (``mechanisms.padding``) in one light job
+    (``ScanRatings``: memory grows with the distinct items and users, not
+    with the rows)."""
     out, sizes = scratch_path(beam_args, "keys.txt"), scratch_path(beam_args, "set_sizes.npy")
     p = make_pipeline(beam_args)
-    read = p | "ReadRatings" >> data.read_ratings(None)
-    (read["dictionary"] | "Join" >> beam.Map("\n".join)
+    scan = p | "ScanRatings" >> ScanRatings(data.dataset, data.rating_range, data.ratings_format, data.shards)
+    (scan["dictionary"] | "Join" >> beam.Map("\n".join)
      | "Write" >> beam.io.WriteToText(out, num_shards=1, shard_name_template=""))
-    write_size_histogram(read["users"], sizes)
-    p.run().wait_until_finish()
+    scan["sizes"] | "SaveSizes" >> beam.Map(save_array, sizes)
+    with Progress():
+        p.run().wait_until_finish()
     return read_dictionary(out), read_array(sizes)
 
 
@@ -320,7 +415,8 @@ def users_prepass(data: DataConfig, beam_args, dictionary: Sequence[str], per_ba
     path = scratch_path(beam_args, f"{name}.npy")
     p = make_pipeline(beam_args)
     sum_per_batch(user_source(p, data, None, dictionary).users, per_batch, path, name)
-    p.run().wait_until_finish()
+    with Progress():
+        p.run().wait_until_finish()
     return read_array(path)
 
 
@@ -330,7 +426,7 @@ def user_source(p: beam.Pipeline, data: DataConfig, dataset: Dataset | None,
     (``dictionary``: the key dictionary for ratings files)."""
     if dataset is not None:
         users = (p
-                 | "BatchSpecs" >> beam.Create(dataset.specs(data.batch_size))
+                 | "BatchSpecs" >> beam.Create(dataset.specs(data.sized_batch))
                  | "SpreadBatches" >> beam.Reshuffle()
                  | "MakeUsers" >> beam.MapTuple(dataset.batch))
         names = p | "KeyNames" >> beam.Create([dataset.key_names])
@@ -351,7 +447,7 @@ def key_dictionary_and_sizes(data: DataConfig, beam_args) -> tuple[list[str], np
 def key_frequencies(data: DataConfig, beam_args, dataset: Dataset | None, dictionary) -> np.ndarray:
     """How many users hold each key (ingest side: it sees raw data)."""
     if dataset is not None:
-        return merge_histograms(_key_counts(users, dataset.d) for users in dataset.batches(data.batch_size))
+        return merge_histograms(_key_counts(users, dataset.d) for users in dataset.batches(data.histogram_batch))
     return users_prepass(data, beam_args, dictionary, functools.partial(_key_counts, d=len(dictionary)), "KeyCounts")
 
 

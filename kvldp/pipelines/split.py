@@ -74,7 +74,7 @@ def add_perturb_arguments(parser: argparse.ArgumentParser, output_required: bool
                         help="ratings file/pattern (= --dataset PATH)")
     parser.add_argument("--output", required=output_required, type=path_arg,
                         help="REPORTS.avro: writes REPORTS-NNNNN.avro (one per batch) and REPORTS.keys.txt"
-                             + ("" if output_required else " (default: a scratch directory)"))
+                             + ("" if output_required else " (default: ./kvldp-published/REPORTS.avro)"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +162,7 @@ def ingest_layout(data: DataConfig, dataset) -> str:
     group depends on it, so every round must batch alike."""
     if dataset is None:
         return f"ratings shards={data.shards}"
-    return f"{dataset.name} users={dataset.n_users} batch_size={data.batch_size}"
+    return f"{dataset.name} users={dataset.n_users} batch_size={data.sized_batch}"
 
 
 def perturb_state(config: PerturbConfig, protocol, seed: int, dataset, key_names):
@@ -207,6 +207,8 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
     ioh_keys = mechanism_args.resolve_ioh_keys(chosen, data, beam_args, key_names, dataset, dictionary)
     padding = resolve_padding(chosen, data, beam_args, dataset, dictionary, set_sizes)  # 'auto' -> l; warns
     mechanism = chosen.make(len(key_names), dataset, ioh_keys, padding=padding.l)
+    data = data.sized_for(mechanism, len(key_names))
+    config = dataclasses.replace(config, data=data)
     r = config.round - 1
     state = perturb_state(config, mechanism, seeds.perturb, dataset, key_names)
     round_cfg = round_config(mechanism, r, state.collection)
@@ -227,7 +229,7 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
     result = runner.run_pipeline(p)
     padding.after_run()                            # warns when l truncated too many users
     stats = runner.counters(result)
-    written = manifest.write_manifest(prefix, round_cfg, key_names)
+    written = manifest.write_manifest(prefix, round_cfg, key_names, data.rating_scale(dataset))
     runner.print_row_summary(stats)
     data.check_reject_rate(stats, dead_letter)
     print(f"{written['reports']} reports of {mechanism!r}"
@@ -256,6 +258,9 @@ def add_collect_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--rows", type=int, default=10)
     parser.add_argument("--fanout", type=int, default=None)
     add_postprocess_arg(parser)
+    parser.add_argument("--rating-range", type=sources.parse_range, default=None,
+                        help="lo,hi: the ratings' own scale, for means given on it too (default: the "
+                             "range perturb read, from the manifest)")
     delivery = parser.add_argument_group("the delivery (checked against PREFIX.manifest.json written by perturb)")
     delivery.add_argument("--allow-partial", action="store_true",
                           help="collect the report files present when some the manifest lists are missing "
@@ -286,6 +291,7 @@ class CollectConfig:
     allow_partial: bool = False
     require_manifest: bool = True
     postprocess: str = DEFAULT_POSTPROCESS.name     # kvldp.mechanisms.postprocess
+    rating_range: tuple[float, float] | None = None     # None: the manifest's
 
     def __post_init__(self):
         if not self.key_dictionary and not self.keys:
@@ -295,7 +301,8 @@ class CollectConfig:
     def from_args(cls, args) -> CollectConfig:
         return cls(MechanismConfig.from_args(args), args.input, args.output, args.round, args.broadcast,
                    args.key_dictionary, args.keys, args.broadcast_out, args.counts_out, args.rows, args.fanout,
-                   args.allow_partial, args.require_manifest, args.postprocess)
+                   args.allow_partial, args.require_manifest, args.postprocess,
+                   args.rating_range)
 
 
 def reports_collection(pattern: str, found: dict) -> Collection:
@@ -368,7 +375,9 @@ def run_collect(config: CollectConfig, beam_args) -> dict:
     key_names = p | "KeyNames" >> beam.Create([names])
     reports = p | "ReadReports" >> ReadReports(config.input, mechanism, r, expected)
     # reports -> counts of round r -> the state after round r -> records
-    out = collect_graph(reports, mechanism, r, previous, key_names, config.fanout, method=config.postprocess)
+    scale = config.rating_range or (manifest.rating_scale(config.input) if config.require_manifest else None)
+    out = collect_graph(reports, mechanism, r, previous, key_names, config.fanout, rating_range=scale,
+                        method=config.postprocess)
     out["records"] | "WriteEstimates" >> WriteEstimates(config.output)
     broadcast_out, counts_out = None, None
     if mechanism.max_rounds > 1:
@@ -379,14 +388,14 @@ def run_collect(config: CollectConfig, beam_args) -> dict:
         ioh_counts_file(out["counts"], None, mechanism, key_names, counts_out)
     result = runner.run_pipeline(p)
     stats = runner.counters(result)
-    print_collected(config, mechanism, stats, broadcast_out, counts_out)
+    print_collected(config, mechanism, stats, broadcast_out, counts_out, scale)
     return {"output": config.output, "stats": stats, "broadcast": broadcast_out, "counts": counts_out}
 
 
 def print_collected(config: CollectConfig, mechanism, stats: dict, broadcast_out: str | None,
-                    counts_out: str | None):
+                    counts_out: str | None, rating_range=None):
     print(f"{stats.get('reports_read', 0)} reports collected by {mechanism!r}")
-    report.print_table(report.read_estimates(config.output), config.rows)
+    report.print_table(report.read_estimates(config.output), config.rows, rating_range=rating_range)
     print(f"estimates written to {config.output}")
     if broadcast_out:
         with FileSystems.open(broadcast_out) as fh:

@@ -1,4 +1,4 @@
-"""Durations, instants, paths and Pub/Sub resource names on the command line."""
+"""Durations, instants, sizes, paths and Pub/Sub resource names on the command line."""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +18,26 @@ def parse_duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"a duration is a number with an optional unit ms, s, m, h or d "
                                          f"(e.g. 30s, 1h), got {text!r}")
     return float(match.group(1)) * _SECONDS[match.group(2)]
+
+
+BYTES_PATTERN = r"^\s*([0-9]*\.?[0-9]+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB|K|M|G|T)?\s*$"
+_BYTES = re.compile(BYTES_PATTERN, re.IGNORECASE)
+_BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30,
+               "t": 2**40, None: 1}
+
+
+def parse_bytes(text: str) -> int:
+    """``"1GiB"``, ``"512MiB"``, ``"2G"`` (binary), ``"500MB"`` (decimal), ``"1048576"`` -> bytes (>= 1 MiB)."""
+    match = _BYTES.match(str(text))
+    if not match:
+        raise argparse.ArgumentTypeError(f"a size is a number with an optional unit (e.g. 512MiB, 2GiB, 1G), "
+                                         f"got {text!r}")
+    unit = match.group(2).lower() if match.group(2) else None
+    value = int(float(match.group(1)) * _BYTE_UNITS[unit])
+    if value < 2**20:
+        raise argparse.ArgumentTypeError(f"must be at least 1 MiB, got {text!r}")
+    return value
 
 
 def parse_instant_ms(text: str) -> int:

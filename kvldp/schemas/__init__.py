@@ -14,6 +14,7 @@ BROADCAST = "broadcast"
 IOH_REPORT = "ioh_report"
 IOH_COUNTS = "ioh_counts"
 OLH_REPORT = "olh_report"
+REPORT_COLUMNS = "report_columns"
 WINDOWED_ESTIMATE = "windowed_estimate"
 
 

@@ -24,13 +24,25 @@ def _status(statuses, k: int) -> str:
     return "ok" if statuses is None else str(statuses[k])
 
 
+def on_rating_scale(mean, se, rating_range):
+    """A mean in ``[-1, 1]`` and its s.e. on the ratings' own scale ``[lo, hi]``:
+    ``lo + (mean + 1)(hi - lo)/2`` and ``se (hi - lo)/2`` (the inverse of the
+    ingest's normalisation, ``transforms.ratings.normalise``)."""
+    lo, hi = rating_range
+    half = (hi - lo) / 2.0
+    return lo + (np.asarray(mean, dtype=np.float64) + 1.0) * half, np.asarray(se, dtype=np.float64) * half
+
+
 def estimate_records(est: Estimates, key_names: Sequence[str], true_frequency=None,
-                     true_mean=None) -> list[dict]:
+                     true_mean=None, rating_range: tuple[float, float] | None = None) -> list[dict]:
     """One ``estimate.avsc`` record per key (truth fields only in
     simulations). NaN estimates and standard errors become null; the
-    statuses say why."""
+    statuses say why. ``rating_range``: the ratings' own scale, for
+    ``mean_rating``/``mean_rating_se`` (null without one)."""
     if len(key_names) != est.d:
         raise ValueError(f"{len(key_names)} key names for {est.d} estimates")
+    scaled = (np.full(est.d, np.nan), np.full(est.d, np.nan)) if rating_range is None else \
+        on_rating_scale(est.mean, est.mean_se, rating_range)
     out = []
     for k, name in enumerate(key_names):
         out.append({
@@ -45,6 +57,8 @@ def estimate_records(est: Estimates, key_names: Sequence[str], true_frequency=No
             "frequency_hi": _at(est.frequency_hi, k),
             "mean_lo": _at(est.mean_lo, k),
             "mean_hi": _at(est.mean_hi, k),
+            "mean_rating": _opt(scaled[0][k]),
+            "mean_rating_se": _opt(scaled[1][k]),
             "frequency_status": _status(est.frequency_status, k),
             "mean_status": _status(est.mean_status, k),
             "postprocess": est.postprocess or "raw",

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import csv
-import functools
 import io
 import json
 from collections.abc import Mapping, Sequence
@@ -17,11 +16,12 @@ from collections.abc import Mapping, Sequence
 import apache_beam as beam
 from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.metrics import Metrics
 
 from kvldp import schemas
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
 from kvldp.schemas import envelope
+from kvldp.transforms import tally
+from kvldp.transforms.context import element_context
 
 FORMATS = ("csv", "jsonl", "avro")
 
@@ -44,7 +44,7 @@ def format_of(path: str, declared: str | None = None) -> str:
 class _WriteReportFileFn(beam.DoFn):
     def __init__(self, prefix: str, config: dict):
         self._prefix, self._config = prefix, dict(config)
-        self._written = Metrics.counter("kvldp", "reports_written")
+        self._written = tally.counter("reports_written")
 
     def process(self, reports):
         path = f"{self._prefix}-{reports.batch_id:05d}.avro"
@@ -70,23 +70,15 @@ class _ReadReportFileFn(beam.DoFn):
     def __init__(self, protocol, round_index: int, config: dict, batch_rows: int):
         self._protocol, self._round = protocol, round_index
         self._config, self._rows = dict(config), batch_rows
-        self._read = Metrics.counter("kvldp", "reports_read")
+        self._read = tally.counter("reports_read")
 
     def process(self, readable):
-        with readable.open() as fh:
+        with element_context(readable.metadata.path), readable.open() as fh:
             container = envelope.ReportContainer(fh)
             container.check(self._config, self._protocol.round_report_type(self._round), readable.metadata.path)
-            decode = functools.partial(self._protocol.reports_from_records, self._round)
-            batch = []
-            for record in container:
-                batch.append(record)
-                if len(batch) >= self._rows:
-                    self._read.inc(len(batch))
-                    yield decode(batch)
-                    batch = []
-            if batch:
-                self._read.inc(len(batch))
-                yield decode(batch)
+            for reports in container.batches(self._protocol, self._round, rows=self._rows):
+                self._read.inc(reports.n_reports)
+                yield reports
 
 
 def report_configs(pattern: str) -> dict[str, dict]:

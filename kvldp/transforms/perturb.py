@@ -10,12 +10,13 @@ the previous round) is a singleton side input, or a constant for round 1.
 from __future__ import annotations
 
 import apache_beam as beam
-from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsSingleton
 
 from kvldp.mechanisms.base import UserBatch
 from kvldp.mechanisms.protocol import Protocol, ProtocolState
 from kvldp.mechanisms.randomness import batch_rng
+from kvldp.transforms import tally
+from kvldp.transforms.context import element_context
 
 
 class PerturbFn(beam.DoFn):
@@ -25,17 +26,18 @@ class PerturbFn(beam.DoFn):
 
     def __init__(self, protocol: Protocol, seed: int, round_index: int = 0):
         self._protocol, self._seed, self._round = protocol, seed, round_index
-        self._users = Metrics.counter("kvldp", "users_perturbed")
-        self._reports = Metrics.counter("kvldp", "reports_emitted")
+        self._users = tally.counter("users_perturbed")
+        self._reports = tally.counter("reports_emitted")
 
     def process(self, users: UserBatch, state: ProtocolState | None = None):
         if state is None:
             state = self._protocol.initial_state()
         if state.stopped:
             return
-        rng = batch_rng(self._seed, users.batch_id, round_index=self._round)
-        users = self._protocol.participants(self._round, users, state)
-        reports = self._protocol.perturb_round(self._round, users, rng, state)
+        with element_context(f"user batch {users.batch_id} ({users.n_users} users), round {self._round + 1}"):
+            rng = batch_rng(self._seed, users.batch_id, round_index=self._round)
+            users = self._protocol.participants(self._round, users, state)
+            reports = self._protocol.perturb_round(self._round, users, rng, state)
         self._users.inc(users.n_users)
         self._reports.inc(reports.n_reports)
         yield reports

@@ -11,8 +11,11 @@ Raw values appear in dead letters: this module never runs on the collector.
 """
 from __future__ import annotations
 
+import codecs
 import csv
+import dataclasses
 import io
+import itertools
 import json
 import math
 import zlib
@@ -22,9 +25,11 @@ import apache_beam as beam
 import fastavro
 import numpy as np
 from apache_beam.io import fileio
-from apache_beam.metrics import Metrics
+from apache_beam.io.filesystems import FileSystems
 
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE, UserBatch
+from kvldp.transforms import csv_blocks, tally
+from kvldp.transforms.context import element_context
 from kvldp.transforms.io import format_of
 
 DEAD_LETTER = "dead_letter"
@@ -71,65 +76,250 @@ def _dead(source: str, line, reason: str, row) -> dict:
     return {"source": source, "line": int(line), "reason": reason, "row": row}
 
 
-class ParseRatingFileFn(beam.DoFn):
-    """``ReadableFile -> chunks of parsed rows`` (+ malformed rows to dead letter)."""
+@dataclasses.dataclass(frozen=True)
+class RatingsFormat:
+    """How ratings files are read: the format (``None``: from the file
+    name), which columns hold the user, item and rating, and for text files
+    the encoding; for CSV the delimiter and whether the first row is a
+    header. Without a header the columns are named ``column_names`` (by
+    default ``user,item,rating`` for the first three, then their 0-based
+    positions), so a headerless ``u,i,r`` file needs only ``header=False``.
 
-    def __init__(self, fmt: str | None, user_col: str, item_col: str, rating_col: str):
-        self._fmt, self._cols = fmt, (user_col, item_col, rating_col)
-        self._read = Metrics.counter("kvldp", "rows_read")
-        self._rejected = Metrics.counter("kvldp", "rows_rejected")
+    Item ids are kept exactly as written (whitespace included: ``"A"`` and
+    ``"A "`` are two items); an id holding a line break is rejected, since
+    the key dictionary holds one id per line."""
+
+    fmt: str | None = None
+    user_col: str = "user"
+    item_col: str = "item"
+    rating_col: str = "rating"
+    delimiter: str = ","
+    encoding: str = "utf-8"
+    header: bool = True
+    column_names: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        if self.fmt is not None:
+            format_of("", self.fmt)
+        if len(self.delimiter) != 1 or self.delimiter in "\r\n\"":
+            raise ValueError(f"--delimiter must be one character other than a quote or line break, "
+                             f"got {self.delimiter!r}")
+        try:
+            codecs.lookup(self.encoding)
+        except LookupError:
+            raise ValueError(f"--encoding {self.encoding!r} is not an encoding Python knows") from None
+        if self.column_names is not None:
+            object.__setattr__(self, "column_names", tuple(self.column_names))
+            if len(set(self.column_names)) != len(self.column_names):
+                raise ValueError(f"--column-names names a column twice: {','.join(self.column_names)}")
+        if len({self.user_col, self.item_col, self.rating_col}) != 3:
+            raise ValueError("--user-col, --item-col and --rating-col must name three different columns")
+
+    @property
+    def columns(self) -> tuple[str, str, str]:
+        return self.user_col, self.item_col, self.rating_col
+
+    def headerless_names(self, width: int) -> list[str]:
+        """The names of a headerless file's ``width`` columns."""
+        if self.column_names is not None:
+            return list(self.column_names)
+        return ["user", "item", "rating", *map(str, range(3, width))][:max(width, 3)]
+
+    def check_columns(self, names: list[str], path: str):
+        """Refuse a CSV file whose header (or headerless names) lacks a column, saying which flag fixes it."""
+        missing = [c for c in self.columns if c not in names]
+        if not missing:
+            return
+        hint = "set --user-col/--item-col/--rating-col"
+        if self.header:
+            hint += ", or --no-header if the first row is data"
+        if len(names) == 1 and any(sep in names[0] for sep in ";\t|,"):
+            hint += f", or --delimiter (the {'header' if self.header else 'first row'} has one column)"
+        what = "CSV header" if self.header else "headerless CSV columns"
+        raise ValueError(f"{path}: {what} {names} lacks column(s) {missing}: {hint}")
+
+    def check_file(self, path: str):
+        """Before any pipeline: a CSV file's first row (its header, or its
+        first data row) has the columns asked for."""
+        if format_of(path, self.fmt) != "csv":
+            return
+        with FileSystems.open(path) as fh:
+            text = io.TextIOWrapper(fh, encoding=self.encoding, errors="surrogateescape", newline="")
+            first = next(ParseRatingFileFn(self)._csv_rows(text), None)
+        if first is None or isinstance(first[1], _Bad):
+            return                            # empty, or a bad first row: the parse reports it
+        row = first[1]
+        if _undecodable("".join(row)):
+            if self.header:
+                raise ValueError(f"{path}: the header row cannot be read as {self.encoding}; set --encoding")
+            return
+        names = [h.strip().lstrip("\ufeff") for h in row] if self.header else self.headerless_names(len(row))
+        self.check_columns(names, path)
+
+
+UNDECODABLE = "undecodable bytes"
+
+
+_undecodable = csv_blocks.is_undecodable
+
+
+def _shown(text: str, encoding: str) -> str:
+    """``text`` with its undecodable bytes as ``\\xNN`` escapes (for a dead letter)."""
+    return text.encode(encoding, "surrogateescape").decode(encoding, "backslashreplace")
+
+
+class ParseRatingFileFn(beam.DoFn):
+    """``ReadableFile -> chunks of parsed rows`` (+ malformed rows to dead letter).
+
+    Text is decoded with ``surrogateescape``, so a byte the encoding cannot
+    decode rejects its row (``undecodable bytes``) instead of aborting the
+    file, and rows in = accepted + rejected still holds."""
+
+    def __init__(self, ratings_format: RatingsFormat):
+        self._format = ratings_format
+        self._cols = ratings_format.columns
+        self._read = tally.counter("rows_read")
+        self._rejected = tally.counter("rows_rejected")
 
     def process(self, readable):
         path = readable.metadata.path
-        fmt = format_of(path, self._fmt)
-        chunk = _Chunk(path)
-        with readable.open() as fh:
-            rows = {"csv": self._csv, "jsonl": self._jsonl, "avro": self._avro}[fmt](fh)
-            for line, row in rows:
-                self._read.inc()
-                if isinstance(row, _Bad):      # a reason: the row is malformed
-                    self._rejected.inc()
-                    yield beam.pvalue.TaggedOutput(DEAD_LETTER, _dead(path, line, str(row), row.row))
-                    continue
-                chunk.add(line, *row)
-                if len(chunk) >= CHUNK_ROWS:
-                    yield chunk.arrays()
-                    chunk = _Chunk(path)
+        fmt = format_of(path, self._format.fmt)
+        with element_context(path), readable.open() as fh:
+            if fmt == "csv":
+                yield from self._csv(fh, path)
+            else:
+                yield from self._chunks(path, {"jsonl": self._jsonl, "avro": self._avro}[fmt](fh, path))
+
+    def _chunks(self, path: str, rows):
+        """Parsed ``(line, row)`` pairs -> chunks of arrays, and dead letters."""
+        chunk, read, rejected = _Chunk(path), 0, 0
+        for line, row in rows:
+            read += 1
+            if isinstance(row, _Bad):      # a reason: the row is malformed
+                rejected += 1
+                yield beam.pvalue.TaggedOutput(DEAD_LETTER, _dead(path, line, str(row), row.row))
+                continue
+            chunk.add(line, *row)
+            if len(chunk) >= CHUNK_ROWS:
+                yield chunk.arrays()
+                chunk = _Chunk(path)
         if len(chunk):
             yield chunk.arrays()
+        self._read.inc(read)
+        self._rejected.inc(rejected)
 
     def _fields(self, record: dict):
         u, i, r = (record.get(c) for c in self._cols)
         if u is None or i is None or r is None or u == "" or i == "":
             missing = [c for c, v in zip(self._cols, (u, i, r), strict=True) if v is None or v == ""]
             return ("malformed row: missing " + ", ".join(missing), _printable(record))
+        if isinstance(i, str) and ("\n" in i or "\r" in i):
+            return ("malformed row: the item id holds a line break", _printable(record))
         try:
             rating = float(r)
         except (TypeError, ValueError):
             return ("malformed row: rating is not a number", _printable(record))
         return (u, i, rating)
 
-    def _csv(self, fh):
-        text = io.TextIOWrapper(fh, encoding="utf-8", newline="")
-        reader = csv.reader(text)
-        header = next(reader, None)
-        if header is None:
+    def _text(self, fh, newline=None):
+        return io.TextIOWrapper(fh, encoding=self._format.encoding, errors="surrogateescape", newline=newline)
+
+    def _csv_rows(self, text):
+        """``(line, fields)`` of CSV text, or ``(line, _Bad)`` for a row the
+        CSV parser refuses (it goes on with the next line)."""
+        reader = csv.reader(text, delimiter=self._format.delimiter)
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as err:
+                yield reader.line_num, _bad(f"malformed row: {err}", "")
+                continue
+            yield reader.line_num, row
+
+    def _csv(self, fh, path: str):
+        """Blocks of the file (``csv_blocks``): a clean one parsed at once by
+        pyarrow, any other row by row by the ``csv`` module."""
+        enc = self._format.encoding
+        if "\n,\"a".encode(enc, "replace") != b"\n,\"a":     # UTF-16 & co.: no byte-level line ends
+            text = io.TextIOWrapper(fh, encoding=enc, errors="surrogateescape", newline="")
+            rows = self._csv_rows(text)
+            head = next(rows, None)
+            names, skip = self._csv_names_of(head, path)
+            if names is None:
+                return
+            yield from self._chunks(path, self._csv_records(rows if skip else itertools.chain([head], rows), names))
             return
-        missing = [c for c in self._cols if c not in header]
-        if missing:
-            raise ValueError(f"CSV header {header} lacks column(s) {missing}; set --user-col/--item-col/--rating-col")
-        idx = [header.index(c) for c in self._cols]
-        for line, row in enumerate(reader, start=2):
+        names = None
+        for start, whole in csv_blocks.blocks(fh):
+            first_line, block = start, whole
+            if names is None:             # the header, or the first row's width
+                names, skip = self._csv_names(block, path)
+                if names is None:
+                    return
+                newline = block.find(b"\n")
+                first_line += skip
+                block = block[newline + 1:] if skip and newline >= 0 else (b"" if skip else block)
+                if not block:
+                    continue
+            parsed = csv_blocks.parse_clean_block(block, first_line, names, self._cols, self._format.delimiter,
+                                                  self._format.encoding)
+            if parsed is not None:
+                self._read.inc(len(parsed["lines"]))
+                yield {"source": path, **parsed}
+                continue
+            text = io.StringIO(block.decode(self._format.encoding, "surrogateescape"), newline="")
+            rows = ((first_line - 1 + line, row) for line, row in self._csv_rows(text))
+            yield from self._chunks(path, self._csv_records(rows, names))
+
+    def _csv_names(self, block: bytes, path: str):
+        """``(column names, 1 if the first line is a header else 0)`` from a
+        file's first block (``None`` names: an empty file)."""
+        text = io.StringIO(block.decode(self._format.encoding, "surrogateescape"), newline="")
+        return self._csv_names_of(next(self._csv_rows(text), None), path)
+
+    def _csv_names_of(self, first, path: str):
+        """The column names from a file's first parsed row (``first``: ``(line, row)``)."""
+        enc = self._format.encoding
+        if first is None:
+            return None, 0
+        row = first[1]
+        if not self._format.header:
+            names = self._format.headerless_names(0 if isinstance(row, _Bad) else len(row))
+            self._format.check_columns(names, path)
+            return names, 0
+        if isinstance(row, _Bad) or _undecodable("".join(row)):
+            raise ValueError(f"{path}: the header row cannot be read as {enc} CSV; set --encoding")
+        names = [h.strip().lstrip("\ufeff") for h in row]
+        self._format.check_columns(names, path)
+        return names, 1
+
+    def _csv_records(self, rows, names):
+        """Checked rows: undecodable, wrong width, missing or non-numeric
+        fields become reasons."""
+        enc = self._format.encoding
+        for line, row in rows:
+            if isinstance(row, _Bad):
+                yield line, row
+                continue
             if not row:
                 continue
-            if len(row) != len(header):
-                yield line, _bad(f"malformed row: {len(row)} fields, header has {len(header)}", row)
+            if _undecodable("".join(row)):
+                yield line, _bad(f"{UNDECODABLE} (not {enc}; set --encoding)", [_shown(x, enc) for x in row])
                 continue
-            yield line, _unbad(self._fields({c: row[j] for c, j in zip(self._cols, idx, strict=True)}))
+            if len(row) != len(names):
+                yield line, _bad(f"malformed row: {len(row)} fields, {len(names)} expected", row)
+                continue
+            yield line, _unbad(self._fields(dict(zip(names, row, strict=True))))
 
-    def _jsonl(self, fh):
-        for line, raw in enumerate(io.TextIOWrapper(fh, encoding="utf-8"), start=1):
+    def _jsonl(self, fh, path: str):
+        enc = self._format.encoding
+        for line, raw in enumerate(self._text(fh), start=1):
             if not raw.strip():
+                continue
+            if _undecodable(raw):
+                yield line, _bad(f"{UNDECODABLE} (not {enc}; set --encoding)", _shown(raw.rstrip("\n"), enc))
                 continue
             try:
                 record = json.loads(raw)
@@ -141,7 +331,7 @@ class ParseRatingFileFn(beam.DoFn):
                 continue
             yield line, _unbad(self._fields(record))
 
-    def _avro(self, fh):
+    def _avro(self, fh, path: str):
         for line, record in enumerate(fastavro.reader(fh), start=1):
             yield line, _unbad(self._fields(record))
 
@@ -179,7 +369,7 @@ class ValidateAndShardFn(beam.DoFn):
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise ValueError(f"rating range must be two finite numbers lo < hi, got {rating_range}")
         self._range, self._shards = (float(lo), float(hi)), int(shards)
-        self._rejected = Metrics.counter("kvldp", "rows_rejected")
+        self._rejected = tally.counter("rows_rejected")
 
     def process(self, chunk, dictionary: Sequence[str]):
         index = {k: i for i, k in enumerate(dictionary)}
@@ -223,10 +413,10 @@ class AssembleUsersFn(beam.DoFn):
     twice is rejected (every row of it: which one is right is unknowable)."""
 
     def __init__(self):
-        self._accepted = Metrics.counter("kvldp", "rows_accepted")
-        self._rejected = Metrics.counter("kvldp", "rows_rejected")
-        self._users = Metrics.counter("kvldp", "users_assembled")
-        self._lost = Metrics.counter("kvldp", "users_all_rejected")
+        self._accepted = tally.counter("rows_accepted")
+        self._rejected = tally.counter("rows_rejected")
+        self._users = tally.counter("users_assembled")
+        self._lost = tally.counter("users_all_rejected")
 
     def process(self, element):
         shard, chunks = element
@@ -273,15 +463,12 @@ class ReadRatings(beam.PTransform):
     """
 
     def __init__(self, pattern: str, rating_range=(-1.0, 1.0), key_dictionary: Sequence[str] | None = None,
-                 fmt: str | None = None, user_col: str = "user", item_col: str = "item",
-                 rating_col: str = "rating", shards: int = 16, label: str | None = None):
+                 ratings_format: RatingsFormat = RatingsFormat(), shards: int = 16, label: str | None = None):
         super().__init__(label)
         if shards < 1:
             raise ValueError("shards must be >= 1")
-        if fmt is not None:
-            format_of(pattern, fmt)
         self._pattern, self._range, self._dictionary = pattern, tuple(rating_range), key_dictionary
-        self._parse = ParseRatingFileFn(fmt, user_col, item_col, rating_col)
+        self._parse = ParseRatingFileFn(ratings_format)
         self._shards = shards
         self._validate = ValidateAndShardFn(self._range, shards)
 
@@ -308,6 +495,80 @@ class ReadRatings(beam.PTransform):
         dead = ((parsed[DEAD_LETTER], valid[DEAD_LETTER], users[DEAD_LETTER])
                 | "DeadLetters" >> beam.Flatten())
         return {"users": users.users, DEAD_LETTER: dead, "dictionary": dictionary}
+
+
+def _valid_rating_rows(chunk: dict, rating_range) -> dict:
+    """The rows of a parsed chunk whose rating is finite and in range."""
+    lo, hi = rating_range
+    r = chunk["ratings"]
+    ok = np.isfinite(r) & (r >= lo) & (r <= hi)
+    return {"users": chunk["users"][ok], "items": chunk["items"][ok]}
+
+
+def _user_counts_by_shard(chunk: dict, shards: int):
+    """``(shard, (distinct users, their row counts))`` of one chunk."""
+    users, counts = np.unique(chunk["users"].astype(str), return_counts=True)
+    shard = np.fromiter((stable_shard(u, shards) for u in users), dtype=np.int64, count=len(users))
+    for s in np.unique(shard):
+        m = shard == s
+        yield int(s), (users[m], counts[m])
+
+
+def _shard_size_histogram(element) -> np.ndarray:
+    """The set sizes of one shard's users: their row counts summed over chunks."""
+    _, parts = element
+    parts = list(parts)
+    users = np.concatenate([u for u, _ in parts])
+    counts = np.concatenate([c for _, c in parts])
+    _, owner = np.unique(users, return_inverse=True)
+    return np.bincount(np.bincount(owner, weights=counts).astype(np.int64))
+
+
+class ScanRatings(beam.PTransform):
+    """The light pre-pass over ratings files: ``pattern -> {"dictionary":
+    [sorted item ids], "sizes": the users' set-size histogram}``.
+
+    Memory grows with the distinct items and users, never with the rows:
+    items are made distinct chunk by chunk, and a user's rows are counted
+    per chunk and the counts summed per user shard (``ReadRatings``, which
+    assembles every user's pairs, holds every row). The rows counted, and
+    whose items make the dictionary, are those with a finite rating in
+    range (an item only a rejected row names is not published); a key a user holds twice (which the
+    main job rejects) counts twice here, so ``sizes`` can exceed the main
+    job's by those rare users."""
+
+    def __init__(self, pattern: str, rating_range=(-1.0, 1.0), ratings_format: RatingsFormat | None = None,
+                 shards: int = 16, label: str | None = None):
+        super().__init__(label)
+        self._pattern, self._range, self._shards = pattern, tuple(rating_range), shards
+        self._parse = ParseRatingFileFn(ratings_format or RatingsFormat())
+
+    def expand(self, pbegin):
+        rows = (pbegin
+                | "Match" >> fileio.MatchFiles(self._pattern)
+                | "Open" >> fileio.ReadMatches()
+                | "Parse" >> beam.ParDo(self._parse).with_outputs(DEAD_LETTER, main="rows"))
+        valid = rows.rows | "InRange" >> beam.Map(_valid_rating_rows, self._range)
+        dictionary = (valid
+                      | "Items" >> beam.FlatMap(lambda c: set(c["items"].tolist()))
+                      | "DistinctItems" >> beam.Distinct()
+                      | "SortItems" >> beam.combiners.ToList()
+                      | "Sorted" >> beam.Map(sorted))
+        sizes = (valid
+                 | "CountRows" >> beam.FlatMap(_user_counts_by_shard, self._shards)
+                 | "GroupShards" >> beam.GroupByKey()
+                 | "ShardSizes" >> beam.Map(_shard_size_histogram)
+                 | "SumSizes" >> beam.CombineGlobally(_sum_histograms))
+        return {"dictionary": dictionary, "sizes": sizes}
+
+
+def _sum_histograms(histograms) -> np.ndarray:
+    out = np.zeros(1, dtype=np.int64)
+    for h in histograms:
+        if len(h) > len(out):
+            out = np.pad(out, (0, len(h) - len(out)))
+        out[:len(h)] += h
+    return out
 
 
 def write_dead_letters(dead, path: str):

@@ -163,7 +163,10 @@ class CheckMessageFn(beam.DoFn):
         try:
             container = envelope.ReportContainer(io.BytesIO(message.data))
             container.check(config, self._protocol.round_report_type(round_index), "message body", layout=False)
-            reports = self._protocol.reports_from_records(round_index, list(container))
+            parts = list(container.batches(self._protocol, round_index, batch))
+            kind = self._protocol.round_report_type(round_index)
+            reports = parts[0] if len(parts) == 1 else kind.from_columns(
+                kind.concat_columns([p.columns() for p in parts]), batch, **self._protocol.report_shape(round_index))
         except Exception as err:  # any undecodable body is a dead letter, never a crash in a worker
             raise _Reject("undecodable body", f"{type(err).__name__}: {err}") from None
         if reports.batch_id != batch:

@@ -36,6 +36,17 @@ class JobCounter:
             _tallies[self._job][self._name] += n
 
 
+# Batch jobs count under one key per process: ``pipelines.runner``'s progress
+# line reads it while an in-process runner (the local default, Flink's
+# LOOPBACK workers) runs the job.
+PROCESS = "process"
+
+
+def counter(name: str) -> JobCounter:
+    """Beam counter ``kvldp/name`` plus this process's tally (progress lines)."""
+    return JobCounter(PROCESS, name)
+
+
 def tally(job: str) -> dict[str, int]:
     """What this process's DoFns of ``job`` have counted so far."""
     with _lock:

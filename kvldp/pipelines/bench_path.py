@@ -1,0 +1,64 @@
+"""One timed run of one path, in a process of its own (``kvldp bench --sweep``).
+
+``python -m kvldp.pipelines.bench_path PATH MECHANISM USERS KEYS SEED OUT.npy [option=value …]``
+runs the mechanism on synthetic users either on the pure-NumPy local runner
+(``numpy``) or as the Beam pipeline of ``simulate`` (``beam``), saves the
+frequency estimates (in ``estimate_keys`` order) to ``OUT.npy`` and prints
+one JSON line: the run's seconds (imports and set-up excluded) and the
+process's peak RSS. Its own process, so one path's memory never counts
+against the other's and the parent can time the whole command.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+
+import numpy as np
+
+
+def main(argv: list[str]) -> dict:
+    path, name, users, keys, seed, out, *options = argv
+    from kvldp.pipelines.mechanism_args import MechanismConfig
+    from kvldp.pipelines.sources import DataConfig, Seeds, built_in_dataset
+
+    given = dict(option.split("=", 1) for option in options)
+    epsilon = float(given.pop("epsilon", "4"))
+    data = DataConfig("synthetic-uu", users=int(users), keys=int(keys), seed=int(seed))
+    seeds = Seeds.of(data)
+    dataset = built_in_dataset(data, seeds.data)
+    chosen = MechanismConfig(name, epsilon, {k: _number(v) for k, v in given.items()},
+                             ioh_top=3 if name.startswith("ioh") else None)
+    from kvldp.pipelines import mechanism_args
+    ioh_keys = mechanism_args.resolve_ioh_keys(chosen, data, [], dataset.key_names, dataset, None)
+    mechanism = chosen.make(dataset.d, dataset, ioh_keys)
+    data = data.sized_for(mechanism, dataset.d)
+    start = time.perf_counter()
+    if path == "numpy":
+        from kvldp.mechanisms.local import run_local
+        frequency = run_local(mechanism, dataset, seeds.perturb, data.sized_batch).estimates.frequency
+    elif path == "beam":
+        from kvldp.pipelines.bench import beam_frequencies
+        frequency = beam_frequencies(data, [], dataset, mechanism, seeds.perturb)
+    else:
+        raise ValueError(f"path is numpy or beam, not {path!r}")
+    seconds = time.perf_counter() - start
+    np.save(out, np.asarray(frequency, dtype=np.float64))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"path": path, "mechanism": name, "users": int(users), "seconds": seconds, "peak_rss_mb": peak,
+            "batch": data.sized_batch}
+
+
+def _number(text: str):
+    """An option's value: a whole number, a number, or the text."""
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1:])), flush=True)

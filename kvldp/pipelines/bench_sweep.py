@@ -1,0 +1,111 @@
+"""``kvldp bench --sweep OUT``: every mechanism at several sizes, both paths.
+
+Each (mechanism, n, path) runs in its own process (``bench_path``), so its
+peak RSS is its own and the parent times the whole command, imports
+included; the two paths' estimates are compared bit for bit. Writes
+``OUT/bench.csv`` (one row per run) and ``OUT/bench.png`` (users/s and peak
+RSS against n, Beam solid, NumPy dashed, one colour per mechanism), and,
+with ``--kernels``, the oracle kernels against the plain NumPy floor and the
+peer libraries (``bench_kernels``).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from kvldp.pipelines import figures, sweep
+
+FIELDS = ["mechanism", "users", "path", "seconds", "command_seconds", "users_per_s", "peak_rss_mb", "batch",
+          "ratio_beam_numpy", "identical", "error"]
+
+
+def run_one(path: str, name: str, users: int, keys: int, seed: int, epsilon: float,
+            work: Path) -> tuple[dict, np.ndarray | None]:
+    out = work / f"{name}-{users}-{path}.npy"
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "kvldp.pipelines.bench_path", path, name, str(users), str(keys),
+                           str(seed), str(out), f"epsilon={epsilon:g}"], capture_output=True, text=True, check=False)
+    command = time.perf_counter() - start
+    if proc.returncode:
+        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return {"mechanism": name, "users": users, "path": path, "error": tail[:300]}, None
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    row = {"mechanism": name, "users": users, "path": path, "seconds": round(info["seconds"], 3),
+           "command_seconds": round(command, 3), "users_per_s": round(users / info["seconds"]),
+           "peak_rss_mb": round(info["peak_rss_mb"]), "batch": info["batch"], "error": ""}
+    return row, np.load(out)
+
+
+def run_sweep(mechanisms: Sequence[str], sizes: Sequence[int], keys: int, seed: int, epsilon: float,
+              out_dir: Path, progress=print) -> list[dict]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="kvldp-bench-") as tmp:
+        for name in mechanisms:
+            for n in sizes:
+                found = {}
+                for path in ("numpy", "beam"):
+                    row, frequency = run_one(path, name, n, keys, seed, epsilon, Path(tmp))
+                    rows.append(row)
+                    found[path] = (row, frequency)
+                (numpy_row, a), (beam_row, b) = found["numpy"], found["beam"]
+                if a is not None and b is not None:
+                    same = bool(np.array_equal(a, b, equal_nan=True))
+                    ratio = beam_row["users_per_s"] / numpy_row["users_per_s"]
+                    for row in (numpy_row, beam_row):
+                        row.update(identical=same, ratio_beam_numpy=round(ratio, 3))
+                progress(_line(beam_row, numpy_row))
+                sweep.write_csv_atomically(out_dir / "bench.csv", FIELDS, rows)
+    plot(rows, out_dir / "bench.png")
+    return rows
+
+
+def _line(beam: dict, numpy_row: dict) -> str:
+    if beam.get("error") or numpy_row.get("error"):
+        return f"{beam['mechanism']:13s} n={beam['users']:>10,}  FAILED: {beam.get('error') or numpy_row.get('error')}"
+    return (f"{beam['mechanism']:13s} n={beam['users']:>10,}  numpy {numpy_row['users_per_s'] / 1e6:7.3f} M/s "
+            f"{numpy_row['peak_rss_mb']:6.0f} MB | beam {beam['users_per_s'] / 1e6:7.3f} M/s "
+            f"{beam['peak_rss_mb']:6.0f} MB (command {beam['command_seconds']:.1f} s) | ratio "
+            f"{beam['ratio_beam_numpy']:.2f} identical {beam['identical']}")
+
+
+def plot(rows: list[dict], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (rate, memory) = plt.subplots(1, 2, figsize=(13, 5.5), dpi=figures.DPI)
+    ok = [r for r in rows if not r.get("error")]
+    for name in sorted({r["mechanism"] for r in ok}):
+        look = figures.style(name)
+        for which, line in (("beam", "-"), ("numpy", "--")):
+            pts = sorted((r["users"], r["users_per_s"], r["peak_rss_mb"]) for r in ok
+                         if r["mechanism"] == name and r["path"] == which)
+            if not pts:
+                continue
+            n, speed, rss = zip(*pts, strict=True)
+            label = name if which == "beam" else None
+            rate.plot(n, np.asarray(speed) / 1e6, linestyle=line, marker=look["marker"], color=look["color"],
+                      label=label, ms=4)
+            memory.plot(n, rss, linestyle=line, marker=look["marker"], color=look["color"], ms=4)
+    for ax, title, unit in ((rate, "throughput (solid: Beam, dashed: NumPy)", "M users/s"),
+                            (memory, "peak RSS of the process", "MB")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("users")
+        ax.set_ylabel(unit)
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    rate.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=figures.DPI)
+    plt.close(fig)
+    return path

@@ -1,0 +1,132 @@
+"""Ratings files as operators have them (issue 16): other delimiters,
+encodings and headerless files are read by flags; an undecodable or
+malformed row goes to the dead letter with its reason (rows in = accepted +
+rejected); item ids are kept exactly, so ids that differ only in whitespace
+stay two keys instead of colliding in the dictionary."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvldp.pipelines import cli, sources
+
+MECH = ["--mechanism", "pckv-grr", "--epsilon", "2"]
+
+
+def perturb(tmp_path, raw: bytes, *flags, name="r.csv"):
+    """``kvldp perturb`` over ``raw``: (exit code, stdout, stderr, dictionary, dead letters)."""
+    ratings = tmp_path / "raw" / name
+    ratings.parent.mkdir(exist_ok=True)
+    ratings.write_bytes(raw)
+    out = tmp_path / "rep" / "R.avro"
+    code = cli.main(["perturb", *MECH, "--input", str(ratings), "--rating-range", "1,5",
+                     "--output", str(out), *flags])
+    return code, out.parent / "R.keys.txt", tmp_path / "raw" / "kvldp-rejected" / "R.rejected.jsonl"
+
+
+def dead_letters(path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def rows(n: int, sep: str = ",") -> list[str]:
+    return [sep.join((f"u{u}", f"i{u % 3}", str(1 + u % 5))) for u in range(n)]
+
+
+def test_a_semicolon_file_is_read_with_delimiter_and_refused_with_a_hint_without(tmp_path, capsys):
+    raw = ("user;item;rating\n" + "\n".join(rows(30, ";")) + "\n").encode()
+    code, keys, _ = perturb(tmp_path, raw)
+    err = capsys.readouterr().err
+    assert code == 2 and "lacks column(s)" in err and "--delimiter" in err and err.count("\n") == 1, err
+    code, keys, _dead = perturb(tmp_path, raw, "--delimiter", ";")
+    assert code == 0 and keys.read_text().split() == ["i0", "i1", "i2"]
+    assert "rows read 30 = accepted 30 + rejected 0 [ok]" in capsys.readouterr().out
+
+
+def test_tab_separated_headerless_file_with_named_columns(tmp_path, capsys):
+    lines = [f"{1 + u % 5}\tu{u}\ti{u % 3}\textra" for u in range(24)]
+    raw = ("\n".join(lines) + "\n").encode()
+    code, keys, _ = perturb(tmp_path, raw, "--delimiter", "tab", "--no-header",
+                            "--column-names", "stars,who,what,note", "--user-col", "who", "--item-col", "what",
+                            "--rating-col", "stars", name="r.tsv", )
+    assert code == 2 and "cannot tell the format" in capsys.readouterr().err      # .tsv: say the format
+    code, keys, _ = perturb(tmp_path, raw, "--delimiter", "tab", "--no-header", "--input-format", "csv",
+                            "--column-names", "stars,who,what,note", "--user-col", "who", "--item-col", "what",
+                            "--rating-col", "stars", name="r.tsv")
+    assert code == 0 and keys.read_text().split() == ["i0", "i1", "i2"]
+    assert "rows read 24 = accepted 24 + rejected 0 [ok]" in capsys.readouterr().out
+
+
+def test_a_headerless_three_column_file_needs_only_no_header(tmp_path, capsys):
+    raw = ("\n".join(rows(20)) + "\n").encode()
+    code, _, _ = perturb(tmp_path, raw, "--max-reject-rate", "1")
+    # read with a header, the first row is taken for column names: refused, with the way out
+    assert code == 2 and "--no-header" in capsys.readouterr().err
+    code, _keys, _dead = perturb(tmp_path, raw, "--no-header")
+    assert code == 0 and "rows read 20 = accepted 20 + rejected 0 [ok]" in capsys.readouterr().out
+
+
+def test_an_undecodable_byte_rejects_its_row_not_the_job(tmp_path, capsys):
+    good = rows(60)
+    raw = ("user,item,rating\n" + "\n".join(good[:30])).encode() + b"\nu99,caf\xe9,3\n" + \
+        ("\n".join(good[30:]) + "\n").encode()
+    code, keys, dead = perturb(tmp_path, raw, "--max-reject-rate", "0.05")
+    assert code == 0, capsys.readouterr().err
+    assert "rows read 61 = accepted 60 + rejected 1 [ok]" in capsys.readouterr().out
+    [letter] = dead_letters(dead)
+    assert letter["line"] == 32 and letter["reason"].startswith("undecodable bytes (not utf-8")
+    assert letter["row"] == ["u99", "caf\\xe9", "3"]
+    # the same bytes are Latin-1 text: with --encoding every row is read
+    code, keys, dead = perturb(tmp_path, raw, "--encoding", "latin-1")
+    assert code == 0 and "café" in keys.read_text(encoding="utf-8").split()
+    assert "rows read 61 = accepted 61 + rejected 0 [ok]" in capsys.readouterr().out
+
+
+def test_an_undecodable_jsonl_line_goes_to_the_dead_letter(tmp_path, capsys):
+    good = [json.dumps({"user": f"u{u}", "item": f"i{u % 3}", "rating": 2}) for u in range(40)]
+    raw = ("\n".join(good) + "\n").encode() + b'{"user": "x", "item": "\xff\xfe", "rating": 2}\n'
+    code, _, dead = perturb(tmp_path, raw, "--max-reject-rate", "0.05", name="r.jsonl")
+    assert code == 0 and "rows read 41 = accepted 40 + rejected 1 [ok]" in capsys.readouterr().out
+    [letter] = dead_letters(dead)
+    assert letter["line"] == 41 and "undecodable bytes" in letter["reason"] and "\\xff\\xfe" in letter["row"]
+
+
+def test_item_ids_that_differ_only_in_whitespace_stay_two_keys(tmp_path, capsys):
+    rows_ = [f"u{u},{' A' if u % 3 == 0 else 'A' if u % 3 == 1 else 'A '},{1 + u % 5}" for u in range(30)]
+    code, keys, _ = perturb(tmp_path, ("user,item,rating\n" + "\n".join(rows_) + "\n").encode())
+    assert code == 0, capsys.readouterr().err
+    assert sources.read_dictionary(str(keys)) == [" A", "A", "A "]
+    assert "rows read 30 = accepted 30 + rejected 0 [ok]" in capsys.readouterr().out
+
+
+def test_an_item_id_with_a_line_break_is_rejected_with_its_reason(tmp_path, capsys):
+    raw = ("user,item,rating\n" + "\n".join(rows(40)) + '\nz,"two\nlines",3\n').encode()
+    code, _keys, dead = perturb(tmp_path, raw, "--max-reject-rate", "0.05")
+    assert code == 0 and "rows read 41 = accepted 40 + rejected 1 [ok]" in capsys.readouterr().out
+    [letter] = dead_letters(dead)
+    assert letter["reason"] == "malformed row: the item id holds a line break" and letter["line"] == 43
+
+
+def test_a_dictionary_keeps_whitespace_and_names_a_duplicate(tmp_path):
+    path = tmp_path / "keys.txt"
+    path.write_bytes(b"a\r\n b\r\nc \n\n")
+    assert sources.read_dictionary(str(path)) == ["a", " b", "c "]
+    path.write_text("a\nb\na\n")
+    with pytest.raises(ValueError, match="lists a key twice: 'a'"):
+        sources.read_dictionary(str(path))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--delimiter", "ab"], "must be one character"),
+    (["--encoding", "klingon"], "not an encoding Python knows"),
+    (["--column-names", "a,,b"], "an empty column name"),
+    (["--user-col", "x", "--item-col", "x"], "three different columns"),
+])
+def test_bad_format_flags_are_refused_before_any_compute(tmp_path, capsys, flags, message):
+    try:
+        code, _, _ = perturb(tmp_path, b"user,item,rating\nu,i,1\n", *flags)
+    except SystemExit as parse_error:             # argparse: usage, then the error line
+        code = parse_error.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err.splitlines()[-1], err
+    assert not (tmp_path / "rep").exists()
