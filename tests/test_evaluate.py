@@ -88,9 +88,15 @@ def test_tiny_sweep_csv_and_figures(tmp_path, capsys):
     assert cli.main([*SWEEP, "--out", str(out)]) == 0
     assert "8 cells done, 0 to run" in capsys.readouterr().out
     assert len(_rows(out / "results.csv")) == len(rows)
-    # a further post-processing runs only what is missing
-    assert cli.main([*SWEEP, "--out", str(out), "--postprocess", "raw,norm-sub", "--engine", "numpy"]) == 0
+    # another engine is another parameter set; results.csv holds the current sweep's pairs only
+    numpy_sweep = [*SWEEP, "--out", str(out), "--engine", "numpy"]
+    assert cli.main([*numpy_sweep, "--postprocess", "raw,norm-sub"]) == 0
     assert "0 cells done, 8 to run" in capsys.readouterr().out
+    assert {r["postprocess"] for r in _rows(out / "results.csv")} == {"raw", "norm-sub"}
+    assert len(_rows(out / "results.csv")) == len(rows)
+    # a further post-processing scores only the pairs not done
+    assert cli.main([*numpy_sweep, "--postprocess", "raw,norm-sub,eb+shrink"]) == 0
+    assert "8 of 24 (cell, post-processing) pairs to score" in capsys.readouterr().out
     assert {r["postprocess"] for r in _rows(out / "results.csv")} == {"raw", "eb+shrink", "norm-sub"}
     assert len(_rows(out / "results.csv")) == len(rows) * 3 // 2
 

@@ -380,7 +380,8 @@ def run(config: EvaluateConfig, beam_args) -> dict:
           f"{','.join(f'{e:g}' for e in config.epsilons)} x {config.repeats} repeats on {config.data.dataset}; "
           f"post-processing {','.join(config.postprocess)}: {sum(map(len, todo.values()))} of {len(pairs)} "
           "(cell, post-processing) pairs to score)"
-          + (f"; {others} cells of other parameters in {store.directory} are left out" if others else ""))
+          + (f"; {others} (cell, post-processing) pairs of other parameters in {store.directory} are left out"
+             if others else ""))
     progress = tqdm(total=len(tasks), desc="cells", unit="run")
 
     def finished(task, rows):
