@@ -10,6 +10,7 @@ from kvldp import schemas
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.local import run_local
+from kvldp.mechanisms.postprocess import DEFAULT, postprocess
 from kvldp.pipelines import cli
 from kvldp.pipelines.report import read_estimates
 
@@ -30,10 +31,21 @@ def test_simulate_writes_every_field_and_matches_local_runner(tmp_path, capsys):
     mech = registry.make("pckv-ue", 20, 4.0)
     local = run_local(mech, SyntheticDataset("uu", 60_000, 20, seed=1), seed=1, batch_size=20_000)
     got = _by_key(records)
-    assert np.array_equal([got[str(k)]["frequency"] for k in range(20)], local.estimates.frequency)
-    assert np.array_equal([got[str(k)]["mean"] for k in range(20)], local.estimates.mean)
+    # the default post-processing of the local runner's estimates, bit for bit
+    done = postprocess(local.estimates, DEFAULT)
+    for field in ("frequency", "mean", "frequency_lo", "frequency_hi", "mean_lo", "mean_hi"):
+        assert np.array_equal([got[str(k)][field] if got[str(k)][field] is not None else np.nan for k in range(20)],
+                              getattr(done, field), equal_nan=True), field
+    assert {r["postprocess"] for r in records} == {DEFAULT.name}
     f, _ = local.true_values(20)
     assert np.allclose([got[str(k)]["true_frequency"] for k in range(20)], f)
+    # --postprocess raw: the paper's estimates as the mechanism gives them
+    assert cli.main(["simulate", "--mechanism", "pckv-ue", "--epsilon", "4", "--users", "60000", "--keys", "20",
+                     "--seed", "1", "--batch-size", "20000", "--output", str(out), "--postprocess", "raw"]) == 0
+    raw = _by_key(read_estimates(str(out)))
+    for field in ("frequency", "mean", "frequency_raw", "mean_raw", "frequency_se", "mean_se"):
+        assert np.array_equal([raw[str(k)][field] for k in range(20)], getattr(local.estimates, field)), field
+    assert {r["postprocess"] for r in raw.values()} == {"raw"}
 
 
 @pytest.mark.parametrize("mechanism", ["pckv-ue", "pckv-grr"])

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from kvldp.mechanisms.local import run_local
+from kvldp.mechanisms.postprocess import postprocess
 from kvldp.pipelines import cli, evaluate, simulate, sources, split
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.simulate import SimulateConfig
@@ -45,14 +46,16 @@ def test_every_command_builds_a_frozen_config():
 
 def test_a_job_runs_from_a_config_built_in_python(tmp_path):
     """simulate without argparse: the estimates are bit-identical to the
-    NumPy runner's with the same seed, and the CLI builds the same config."""
+    NumPy runner's with the same seed, post-processed the same way, and the
+    CLI builds the same config."""
     data = DataConfig(dataset="synthetic-gg", users=3_000, keys=8, seed=2, batch_size=1_000)
     config = SimulateConfig(data, MechanismConfig("pckv-grr", 2.0), output=str(tmp_path / "e.jsonl"))
     out = simulate.execute(config, [])
     got = {int(r["key"]): r["frequency"] for r in out["records"]}
     dataset = sources.built_in_dataset(data, data.seed)
     local = run_local(out["mechanism"], dataset, data.seed, data.batch_size)
-    np.testing.assert_array_equal([got[k] for k in range(8)], local.estimates.frequency)
+    np.testing.assert_array_equal([got[k] for k in range(8)],
+                                  postprocess(local.estimates, config.postprocess).frequency)
     _, parsed, beam_args = cli.configure(["simulate", "--mechanism", "pckv-grr", "--epsilon", "2", "--dataset",
                                           "synthetic-gg", "--users", "3000", "--keys", "8", "--seed", "2",
                                           "--batch-size", "1000", "--output", str(tmp_path / "e.jsonl")])

@@ -25,15 +25,18 @@ def test_tiny_sweep_csv_and_figures(tmp_path, capsys):
     out = tmp_path / "ev"
     assert cli.main([*SWEEP, "--out", str(out)]) == 0
     rows = _rows(out / "results.csv")
-    assert set(rows[0]) == {"mechanism", "epsilon", "repeat", "metric", "key_set", "value", "theory",
+    assert set(rows[0]) == {"mechanism", "epsilon", "repeat", "postprocess", "metric", "key_set", "value", "theory",
                             "dataset", "n_users"}
-    cells = {(r["mechanism"], float(r["epsilon"]), int(r["repeat"])) for r in rows}
-    assert cells == {(m, e, r) for m in ("pckv-ue", "privkvm") for e in (1.0, 4.0) for r in (0, 1)}
-    per_cell = {c: [r for r in rows if (r["mechanism"], float(r["epsilon"]), int(r["repeat"])) == c] for c in cells}
+    cells = {(r["mechanism"], float(r["epsilon"]), int(r["repeat"]), r["postprocess"]) for r in rows}
+    assert cells == {(m, e, r, p) for m in ("pckv-ue", "privkvm") for e in (1.0, 4.0) for r in (0, 1)
+                     for p in ("raw", "eb+shrink")}
+    per_cell = {c: [r for r in rows if (r["mechanism"], float(r["epsilon"]), int(r["repeat"]), r["postprocess"]) == c]
+                for c in cells}
     expected = {("mse_frequency", "all"), ("mse_mean", "all"), ("mse_frequency", "top5"), ("mse_mean", "top5"),
                 ("ncr", "top5"), ("mse_frequency_found", "top5"), ("mse_mean_found", "top5")}
-    expected |= {(f"{metric}_{what}", "all") for what in ("frequency", "mean")
-                 for metric in ("coverage", "coverage_clipped", "scored", "se_zero", "null", "null_se")}
+    expected |= {(f"{metric}_{what}", key_set) for what in ("frequency", "mean") for key_set in ("all", "f>=1/d")
+                 for metric in ("coverage", "scored", "no_interval")}
+    expected |= {(f"{metric}_{what}", "all") for what in ("frequency", "mean") for metric in ("se_zero", "null")}
     for rs in per_cell.values():
         assert {(r["metric"], r["key_set"]) for r in rs} == expected
     for rs in per_cell.values():
@@ -46,7 +49,7 @@ def test_tiny_sweep_csv_and_figures(tmp_path, capsys):
         value = {r["metric"]: float(r["value"]) for r in rs if r["key_set"] == "all"}
         for what in ("frequency", "mean"):
             assert value[f"se_zero_{what}"] == 0                 # an s.e. from noisy counts is never 0
-            # coverage undefined iff no key has both an estimate and an s.e. (privkvm's biased mean)
+            # coverage undefined iff no key has both an estimate and an interval (privkvm's biased mean)
             assert math.isnan(value[f"coverage_{what}"]) == (value[f"scored_{what}"] == 0)
         assert value["scored_frequency"] == 20
         assert (value["scored_mean"] == 0) == (c[0] == "privkvm")
@@ -59,15 +62,16 @@ def test_tiny_sweep_csv_and_figures(tmp_path, capsys):
         assert math.isfinite(v) and v >= 0 and r["n_users"] == "20000" and r["dataset"] == "synthetic-uu"
         if r["metric"] == "ncr":
             assert 0 <= v <= 1
-        # theory where the paper has a closed form (PCKV Theorem 4), nowhere else
-        has_theory = r["mechanism"] == "pckv-ue" and r["metric"] in ("mse_frequency", "mse_mean")
+        # the paper's theory where it has a closed form (PCKV Theorem 4) for its own estimator, nowhere else
+        has_theory = (r["mechanism"] == "pckv-ue" and r["metric"] in ("mse_frequency", "mse_mean")
+                      and r["postprocess"] == "raw")
         assert (r["theory"] != "") == has_theory, r
     # the measured MSE falls with epsilon, as every curve of the papers
     for mech in ("pckv-ue", "privkvm"):
         lo = np.mean([float(r["value"]) for r in rows if r["mechanism"] == mech and r["metric"] == "mse_frequency"
-                      and r["key_set"] == "all" and float(r["epsilon"]) == 1.0])
+                      and r["key_set"] == "all" and float(r["epsilon"]) == 1.0 and r["postprocess"] == "raw"])
         hi = np.mean([float(r["value"]) for r in rows if r["mechanism"] == mech and r["metric"] == "mse_frequency"
-                      and r["key_set"] == "all" and float(r["epsilon"]) == 4.0])
+                      and r["key_set"] == "all" and float(r["epsilon"]) == 4.0 and r["postprocess"] == "raw"])
         assert hi < lo
     import matplotlib.image as mpimg
 
@@ -77,11 +81,24 @@ def test_tiny_sweep_csv_and_figures(tmp_path, capsys):
         image = mpimg.imread(png)
         assert image.shape[:2] == (FIGSIZE[1] * DPI, FIGSIZE[0] * DPI)
         assert image.std() > 0                      # not a blank canvas
+    gains = (out / "postprocess.md").read_text()
+    assert "| synthetic-uu | pckv-ue | 1 | eb+shrink |" in gains and "x)" in gains
     # rerunning with the same --out resumes: nothing left to run, nothing duplicated
     capsys.readouterr()
     assert cli.main([*SWEEP, "--out", str(out)]) == 0
     assert "8 cells done, 0 to run" in capsys.readouterr().out
     assert len(_rows(out / "results.csv")) == len(rows)
+    # another engine is another parameter set; results.csv holds the current sweep's pairs only
+    numpy_sweep = [*SWEEP, "--out", str(out), "--engine", "numpy"]
+    assert cli.main([*numpy_sweep, "--postprocess", "raw,norm-sub"]) == 0
+    assert "0 cells done, 8 to run" in capsys.readouterr().out
+    assert {r["postprocess"] for r in _rows(out / "results.csv")} == {"raw", "norm-sub"}
+    assert len(_rows(out / "results.csv")) == len(rows)
+    # a further post-processing scores only the pairs not done
+    assert cli.main([*numpy_sweep, "--postprocess", "raw,norm-sub,eb+shrink"]) == 0
+    assert "8 of 24 (cell, post-processing) pairs to score" in capsys.readouterr().out
+    assert {r["postprocess"] for r in _rows(out / "results.csv")} == {"raw", "eb+shrink", "norm-sub"}
+    assert len(_rows(out / "results.csv")) == len(rows) * 3 // 2
 
 
 def test_presets_name_known_mechanisms():
@@ -120,3 +137,24 @@ def test_a_mixed_sweep_gives_ioh_flags_to_ioh_cells_only(tmp_path):
     assert cli.main(["evaluate", "--mechanisms", "pckv-ue,ioh-oue", "--epsilons", "2", "--repeats", "1",
                      "--users", "3000", "--keys", "6", "--ioh-top", "2", "--engine", "numpy",
                      "--out", str(tmp_path / "ev")]) == 0
+
+
+def test_advise_measures_the_post_processed_errors_on_a_dataset(capsys):
+    """With a built-in dataset, advise runs every candidate on it and
+    recommends the one with the smallest post-processed MSE of frequency;
+    the paper's rule is kept alongside."""
+    assert cli.main(["advise", "--dataset", "synthetic-gg", "--users", "30000", "--keys", "30", "--epsilon", "1",
+                     "--seed", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "measured on synthetic-gg" in text and "MSE f eb+shrink" in text
+    from kvldp.pipelines.advise import measure_candidates, recommend_measured
+    from kvldp.pipelines.sources import DataConfig, built_in_dataset
+
+    data = built_in_dataset(DataConfig(dataset="synthetic-gg", users=30_000, keys=30, seed=2), 2)
+    rows = measure_candidates(data, 1.0, 1)
+    out = recommend_measured(advise(30_000, 30, 1.0, 1), rows)
+    best = min(rows, key=lambda r: r["mse_frequency_post"])
+    assert out["recommendation"] == best["mechanism"] and out["rule_recommendation"] in ("pckv-ue", "pckv-grr")
+    assert f"recommended: {best['mechanism']}" in text
+    for r in rows:
+        assert r["mse_frequency_post"] > 0 and r["mse_frequency_raw"] > 0

@@ -33,7 +33,7 @@ def test_a_rerun_with_changed_parameters_never_mixes_rows(tmp_path, capsys):
     assert "0 cells done, 4 to run" in capsys.readouterr().out
     assert cli.main([*SWEEP, "--users", "3000", "--out", str(out)]) == 0        # another sweep, same folder
     text = capsys.readouterr().out
-    assert "0 cells done, 4 to run" in text and "4 cells of other parameters" in text
+    assert "0 cells done, 4 to run" in text and "8 (cell, post-processing) pairs of other parameters" in text
     assert {r["n_users"] for r in rows(out / "results.csv")} == {"3000"}
     assert len(rows(out / "results.csv")) == len(first)
     assert cli.main([*SWEEP, "--users", "2000", "--out", str(out)]) == 0        # back: nothing to run

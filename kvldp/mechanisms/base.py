@@ -13,9 +13,12 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .countmodel import CountModel
 
 # Users per batch: large enough that per-batch overhead vanishes in NumPy, small
 # enough that a batch of reports fits a worker's memory many times over.
@@ -271,8 +274,11 @@ STATUS_FREQUENCY_NOT_POSITIVE = "frequency_not_positive"   # mean only: estimate
 STATUS_NOT_CANDIDATE = "not_candidate"  # KS-GRR/KS-Adap: key outside the candidate set
 STATUS_LATER_ROUND = "later_round"     # a multi-round protocol estimates it in a later round
 STATUS_BIASED = "biased"               # mean only: estimate given (biased), s.e. null
+# post-processed output only: estimate given, interval null -- the key's reports do not
+# bound its value more tightly than its whole range (a printed interval would be vacuous)
+STATUS_UNINFORMATIVE = "uninformative"
 STATUSES = (STATUS_OK, STATUS_NO_REPORTS, STATUS_FREQUENCY_NOT_POSITIVE, STATUS_NOT_CANDIDATE,
-            STATUS_LATER_ROUND, STATUS_BIASED)
+            STATUS_LATER_ROUND, STATUS_BIASED, STATUS_UNINFORMATIVE)
 
 
 def status_array(d: int, fill: str = STATUS_OK) -> np.ndarray:
@@ -283,19 +289,35 @@ def status_array(d: int, fill: str = STATUS_OK) -> np.ndarray:
 class Estimates:
     """Calibrated per-key estimates (arrays of length d).
 
-    ``frequency``/``mean`` are the post-processed (clipped) estimates;
-    ``frequency_raw``/``mean_raw`` the paper's unclipped ones (NaN only where
-    its formula is 0/0 or the key is not estimated at all); ``*_se`` standard errors from the
-    estimator's variance, evaluated where it is positive (the estimates
+    ``frequency``/``mean``: the main estimates. As a mechanism's
+    ``estimate`` returns them (``postprocess`` None, written as ``raw``)
+    they are the paper's estimator with its counts/ratios clipped into the
+    valid range; ``postprocess.postprocess`` replaces them by a
+    post-processed estimate and names it in ``postprocess`` (``raw``
+    changes no array). ``frequency_raw``/``mean_raw`` always hold the
+    paper's unclipped estimates (NaN only where its formula is 0/0 or the key
+    is not estimated at all) and ``*_se`` their standard errors: the s.d. of
+    the paper's raw estimator, evaluated where it is positive (the estimates
     clipped into the model's range, never at an empty cell), so an estimate
-    computed from noisy counts never has s.e. 0.
+    computed from noisy counts never has s.e. 0 -- not the error of a
+    post-processed main estimate, which borrows from the other keys.
+    ``frequency_lo/hi``, ``mean_lo/hi``: the 95 % intervals for the truth
+    that go with the main estimates (set by ``postprocess``: the paper's
+    ``raw ± 1.96 s.e.`` for ``raw``, else the likelihood-ratio intervals of
+    ``intervals.py``); None until then.
 
     NaN marks "null": a key whose frequency or mean cannot be estimated
-    (``*_status`` says why, one of ``STATUSES``; ``ok`` where both the
-    estimate and its s.e. are given). ``mean_status == "biased"`` (the PrivKV
-    family): the mean is given but its s.e. is NaN -- the estimator is biased
-    towards the fake values by several of its own s.d., so no s.e. would make
-    an interval that covers the truth.
+    (``*_status`` says why, one of ``STATUSES``; ``ok`` where the estimate
+    and its s.e. / interval are given). ``mean_status == "biased"`` (the
+    PrivKV family's paper estimator): the mean is given but its s.e. is NaN
+    -- the estimator is biased towards the fake values by several of its own
+    s.d., so no s.e. would make an interval that covers the truth.
+    ``"uninformative"`` (post-processed only): the mean is given, its
+    interval null -- the key's reports bound it no better than ``[-1, 1]``.
+
+    ``count_model``: the mechanism's model of the counts behind the
+    estimates (``countmodel.py``), what post-processing needs; None for the
+    mechanisms without one (multi-round protocols, IOH).
     """
 
     frequency: np.ndarray
@@ -309,6 +331,12 @@ class Estimates:
     epsilon: float
     frequency_status: np.ndarray | None = None
     mean_status: np.ndarray | None = None
+    count_model: CountModel | None = dataclasses.field(default=None, repr=False, compare=False)
+    frequency_lo: np.ndarray | None = None
+    frequency_hi: np.ndarray | None = None
+    mean_lo: np.ndarray | None = None
+    mean_hi: np.ndarray | None = None
+    postprocess: str | None = None
 
     def __post_init__(self):
         for name in ("frequency_status", "mean_status"):
@@ -332,14 +360,16 @@ def null_where(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 def with_statuses(frequency, mean, frequency_raw, mean_raw, frequency_se, mean_se, *, n_reports, mechanism,
                   epsilon, no_reports=None, mean_not_estimable=None, mean_biased: bool = False,
-                  frequency_status=None, mean_status=None) -> Estimates:
+                  frequency_status=None, mean_status=None, count_model: CountModel | None = None) -> Estimates:
     """An ``Estimates`` with the nulls and statuses of the common cases.
 
     ``no_reports``: keys no report carried (frequency and mean null);
     ``mean_not_estimable``: keys whose estimated frequency is <= 0 (mean
     null); ``mean_biased``: the mechanism's mean estimator is biased (mean s.e.
     null everywhere). ``frequency_status``/``mean_status``: statuses set
-    before (kept where not ``ok``), e.g. ``not_candidate``."""
+    before (kept where not ``ok``), e.g. ``not_candidate``. ``count_model``:
+    the mechanism's model of the counts behind the estimates, for
+    post-processing (``countmodel.py``)."""
     d = len(frequency)
     fs = status_array(d) if frequency_status is None else np.array(frequency_status, dtype=object)
     ms = status_array(d) if mean_status is None else np.array(mean_status, dtype=object)
@@ -360,7 +390,7 @@ def with_statuses(frequency, mean, frequency_raw, mean_raw, frequency_se, mean_s
         frequency_raw=np.asarray(frequency_raw, dtype=np.float64), mean_raw=np.asarray(mean_raw, dtype=np.float64),
         frequency_se=null_where(frequency_se, f_null), mean_se=null_where(mean_se, se_m_null),
         n_reports=int(n_reports), mechanism=mechanism, epsilon=float(epsilon),
-        frequency_status=fs, mean_status=ms)
+        frequency_status=fs, mean_status=ms, count_model=count_model)
 
 
 MAX_EPSILON = 30.0

@@ -114,7 +114,8 @@ class KSUE(PCKVUE):
         # both variances at the clipped (f, m): the expected counts there
         var_f, var_m = self.variance(n, f, m)
         return with_statuses(f, m, f_raw, m_raw, np.sqrt(var_f), np.sqrt(var_m), n_reports=n,
-                             mechanism=self.name, epsilon=self.epsilon, mean_not_estimable=~(f_raw > 0))
+                             mechanism=self.name, epsilon=self.epsilon, mean_not_estimable=~(f_raw > 0),
+                             count_model=self.count_model(counts))
 
     def variance(self, n: int, f, m):
         """Exact ``Var f_hat`` (Theorem 4.2 Eq. (9) at ``l = 1``; with padding a

@@ -8,7 +8,7 @@
 * MSE over the intersection of the true and the estimated top-``t`` sets
   (KSKV §5: only keys the mechanism found);
 * coverage of the standard errors: the share of keys whose truth lies within
-  ``±z s.e.`` of the estimate.
+  ``±z s.e.`` of the estimate; of intervals: the share within ``[lo, hi]``.
 
 Null (NaN) estimates -- keys a mechanism cannot estimate -- are left out of
 the MSEs and the coverage and counted apart (``null_count``).
@@ -63,3 +63,14 @@ def coverage(estimate: np.ndarray, se: np.ndarray, truth: np.ndarray, keys=None,
 
 def top_t_intersection(true_frequency, est_frequency, t: int) -> np.ndarray:
     return np.intersect1d(top_keys(true_frequency, t), top_keys(est_frequency, t))
+
+
+def interval_coverage(lo: np.ndarray, hi: np.ndarray, truth: np.ndarray, keys=None):
+    """``(share covered, keys scored)``: among ``keys`` with a defined truth
+    and a non-null interval, the share whose truth lies in ``[lo, hi]``."""
+    lo, hi, truth = (np.asarray(x, float) for x in (lo, hi, truth))
+    keys = np.arange(len(truth)) if keys is None else np.asarray(keys)
+    keys = keys[np.isfinite(truth[keys]) & np.isfinite(lo[keys]) & np.isfinite(hi[keys])]
+    if not len(keys):
+        return float("nan"), 0
+    return float(np.mean((lo[keys] <= truth[keys]) & (truth[keys] <= hi[keys]))), len(keys)

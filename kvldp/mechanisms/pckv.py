@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from .base import Estimates, ReportBatch, UserBatch, with_statuses
+from .countmodel import CountModel
 from .oracles import randomized_response
 from .params import Options, option, padding_option
 from .protocol import Mechanism
@@ -173,7 +174,39 @@ class _PCKV(Mechanism):
         var_f, var_m = self.variance(n, f, np.clip(m, -1.0, 1.0))
         return with_statuses(f, np.clip(m, -1.0, 1.0), f_raw, m_raw, np.sqrt(var_f), np.sqrt(var_m),
                              n_reports=n, mechanism=self.name, epsilon=self.epsilon,
-                             mean_not_estimable=~(f_raw > 0))
+                             mean_not_estimable=~(f_raw > 0), count_model=self.count_model(counts))
+
+    # -- the count model (post-processing, countmodel.py) ----------------------
+    def frequency_of(self, stack: np.ndarray) -> np.ndarray:
+        """``f = l((n1 + n2)/n - b)/(a - b)`` on a ``(3, K)`` stack ``[n1, n2, n0]``."""
+        P = self.params
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return ((stack[0] + stack[1]) / stack.sum(axis=0) - P.b) * self.l / (P.a - P.b)
+
+    def mean_of(self, stack: np.ndarray) -> np.ndarray:
+        """The raw mean ``(n1* - n2*)/N = (n1 - n2)/((A - B) n f/l)`` on a stack."""
+        A, B = self.params.value_matrix
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return (stack[0] - stack[1]) / ((A - B) * stack.sum(axis=0) * self.frequency_of(stack) / self.l)
+
+    def count_model(self, counts: np.ndarray) -> CountModel:
+        """Position ``k`` of each of the ``n`` reports is ``+1``/``-1``/0:
+        a user who sampled ``k`` (share ``f/l``) with value ``x`` reports
+        ``x`` w.p. ``a p``, ``-x`` w.p. ``a(1-p)``; any other ``±1`` w.p.
+        ``b/2`` each. The frequencies add up to ``l`` minus the dummy keys'
+        (every user samples one of the ``d + l`` positions), which the ``l``
+        dummy positions estimate with the variance of ``l`` keys, not ``d``."""
+        a, b, p = self.params.a, self.params.b, self.params.p
+        n, n1, n2 = self.split_counts(counts)
+        dp, d = self.params.d_prime, self.d
+        counts = np.asarray(counts)
+        dummy = np.stack([counts[1 + d:1 + dp], counts[1 + dp + d:1 + 2 * dp]]).astype(np.float64)
+        dummy = np.concatenate([dummy, [n - dummy.sum(axis=0)]])
+        f_dummy = self.frequency_of(dummy)
+        var_dummy = self.variance(n, np.clip(f_dummy, 0.0, 1.0), np.zeros(self.l))[0]
+        return CountModel(np.stack([n1, n2, n - n1 - n2]), [a * p, a * (1 - p), 1 - a], [a * (1 - p), a * p, 1 - a],
+                          [b / 2, b / 2, 1 - b], self.frequency_of, self.mean_of, self.l, present=(0, 1), plus=0,
+                          total=float(self.l - f_dummy.sum()), total_variance=float(var_dummy.sum()))
 
     def theoretical_variance(self, n: int, f, m):
         return self.variance(n, f, np.nan_to_num(np.asarray(m, dtype=np.float64)))

@@ -42,6 +42,7 @@ import numpy as np
 
 from .base import Estimates, ReportBatch, UserBatch, with_statuses
 from .budget import Share
+from .countmodel import CountModel
 from .params import Options, key_share_option, rounds_option
 from .protocol import Mechanism
 from .sampling import discretise, uniform_key_sampling
@@ -228,7 +229,30 @@ class _LPPMechanism(Mechanism):
             np.sqrt(lpp_frequency_variance(f_raw, M, self.p1)),
             np.full(self.d, np.nan) if mean_se is None else mean_se,
             n_reports=int(stack.sum()), mechanism=self.name, epsilon=self.epsilon,
-            no_reports=M == 0, mean_not_estimable=not_positive, mean_biased=self.mean_biased)
+            no_reports=M == 0, mean_not_estimable=not_positive, mean_biased=self.mean_biased,
+            count_model=self.count_model(stack))
+
+    def frequency_of(self, stack: np.ndarray) -> np.ndarray:
+        return privkv_frequency(stack, self.p1)
+
+    def mean_of(self, stack: np.ndarray) -> np.ndarray:
+        """The raw (unclipped) mean estimator on a ``[M1, M_1, M0]`` stack."""
+        return self._m(stack)
+
+    def _m(self, stack, clip=False):
+        return privkv_mean(stack, self.p2, clip=clip)
+
+    def count_model(self, stack: np.ndarray) -> CountModel:
+        """LPP (module doc): of the ``M_k`` users who sampled ``k``, a holder
+        reports ``<1, v*>`` w.p. ``p1`` with ``v*`` its value kept w.p. ``p2``,
+        a non-holder ``<1, VPP(m~)>`` w.p. ``1 - p1`` (``m~`` uniform: a fair
+        coin after ``Disc``; ``m~ = 1`` for virtual iterations)."""
+        p1, p2 = self.p1, self.p2
+        up = 0.5 if isinstance(self.fake, str) else (1.0 + float(np.mean(self.fake))) / 2.0
+        fake_plus = up * p2 + (1 - up) * (1 - p2)
+        return CountModel(stack, [p1 * p2, p1 * (1 - p2), 1 - p1], [p1 * (1 - p2), p1 * p2, 1 - p1],
+                          [(1 - p1) * fake_plus, (1 - p1) * (1 - fake_plus), p1], self.frequency_of, self.mean_of,
+                          present=(0, 1), plus=0)
 
     def output_probabilities(self, pairs, round_index: int = 0, state=None) -> np.ndarray:
         """Exact report distribution (privacy audits): see :func:`lpp_output_probabilities`."""

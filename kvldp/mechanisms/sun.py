@@ -42,6 +42,7 @@ import numpy as np
 
 from .base import Estimates, ReportBatch, UserBatch, with_statuses
 from .budget import Share
+from .countmodel import CountModel
 from .params import Options, option
 from .privkv import rr_keep
 from .protocol import Mechanism
@@ -112,7 +113,19 @@ class _StateMechanism(Mechanism):
             np.sqrt(multinomial_delta_variance(self._f, stack, probs)),
             np.sqrt(multinomial_delta_variance(self._m, stack, probs)),
             n_reports=int(counts[0]), mechanism=self.name, epsilon=self.epsilon,
-            no_reports=M == 0, mean_not_estimable=not_positive)
+            no_reports=M == 0, mean_not_estimable=not_positive, count_model=self.count_model(stack))
+
+    # symbols counted by the frequency estimator and the "+1" one among them (None: no such split)
+    present_symbols: tuple[int, ...] | None = None
+    plus_symbol: int | None = None
+
+    def count_model(self, stack: np.ndarray) -> CountModel:
+        """The ``M_k`` users who sampled key ``k`` report a symbol by their
+        state: ``symbol_probabilities(2 | 0 | 1)`` for a holder with ``+1`` /
+        ``-1`` / a non-holder; the estimators unclipped."""
+        return CountModel(stack, self.symbol_probabilities(2, 0), self.symbol_probabilities(0, 0),
+                          self.symbol_probabilities(1, 0), self._f, self._m, present=self.present_symbols,
+                          plus=self.plus_symbol)
 
     def symbol_probabilities(self, state: int, j: int) -> np.ndarray:
         """P(symbol | the user's state for key ``j``), over ``self.symbols``."""
@@ -138,6 +151,7 @@ class KVUE(_StateMechanism):
 
     name = "kvue"
     symbols = (-1, 0, 1)          # state - 1
+    present_symbols, plus_symbol = (0, 2), 2      # the held states; <1,+1>
 
     def __init__(self, d: int, epsilon: float):
         super().__init__(d, epsilon)
@@ -227,6 +241,7 @@ class F2M(_StateMechanism):
     name = "f2m"
     options_type = F2MOptions
     symbols = (-2, -1, 1, 2)      # value * (1 + key_bit)
+    present_symbols, plus_symbol = (0, 3), 3      # key bit 1; with value +1
 
     def __init__(self, d: int, epsilon: float, default_value: float = 1.0):
         super().__init__(d, epsilon)

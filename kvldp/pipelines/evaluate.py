@@ -1,22 +1,30 @@
 """``kvldp evaluate``: sweep (mechanism, epsilon, repeat) cells as pipelines,
 write a tidy ``results.csv`` and the papers' figures as PNGs.
 
-Every cell is one ``simulate`` pipeline (any Beam runner through the usual
-options) whose estimates are scored against the simulated truth: MSE of
-frequency and mean over all keys and over the top-``t`` keys (with the
-closed-form theory where the mechanism has one), NCR of the top-``t`` set
-and the MSEs over the keys it found, and whether the standard errors mean
-what they say: the coverage of ``raw estimate ± 1.96 s.e.`` over all keys, the
-keys with s.e. 0, and the keys left null (not estimable) or without an s.e.
-(null estimates are left out of the MSEs and counted apart). Cells run in
-worker processes (``--parallel``); each finished cell is stored whole under
-a fingerprint of its parameters (``sweep``), so a rerun with the same
-``--out`` skips exactly the cells done with the same parameters, and
-``results.csv`` holds the current sweep's cells only. SIGINT/SIGTERM stop
-it within seconds, leaving no worker behind. ``--engine numpy`` runs each
-cell on the pure-NumPy local runner instead of a Beam pipeline (the same
-estimates for the same seed, several times faster; built-in datasets only).
-``coverage.md`` tabulates the coverage per mechanism and epsilon.
+Every cell is one ``simulate`` run (a Beam pipeline on any runner through
+the usual options) whose estimates are post-processed by each of
+``--postprocess`` (default ``raw`` and the default post-processing,
+``kvldp.mechanisms.postprocess``) and scored against the simulated truth:
+MSE of frequency and mean over all keys and over the top-``t`` keys (with
+the closed-form theory of the paper's estimator where the mechanism has
+one), NCR of the top-``t`` set and the MSEs over the keys it found, and
+whether the error bars mean what they say: the coverage of the 95 %
+intervals ``[*_lo, *_hi]`` over all keys and over the keys with true
+frequency ``>= 1/d``, the keys without an interval, the keys with s.e. 0
+and the keys left null. The MSE of the mean is taken over the keys whose
+paper (raw) mean is not null, for every post-processing, so the numbers
+compare; null estimates are left out and counted apart. Cells run in
+worker processes (``--parallel``); each finished (cell, post-processing)
+pair is stored whole under a fingerprint of its parameters (``sweep``), so
+a rerun with the same ``--out`` runs exactly the pairs not done with the
+same parameters, and ``results.csv`` holds the current sweep's pairs only.
+SIGINT/SIGTERM stop it within seconds, leaving no worker behind.
+``--engine numpy`` runs each cell on the pure-NumPy local runner instead of
+a Beam pipeline (the same estimates for the same seed, several times
+faster; built-in datasets only; one run serves every post-processing, where
+the Beam engine runs one pipeline per post-processing over the same
+reports). ``coverage.md`` tabulates the coverage and ``postprocess.md`` the
+gain of each post-processing over ``raw`` per mechanism and epsilon.
 """
 from __future__ import annotations
 
@@ -34,17 +42,21 @@ from tqdm import tqdm
 from kvldp.mechanisms import metrics, registry
 from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.longitudinal import LongitudinalOptions
+from kvldp.mechanisms.postprocess import DEFAULT as DEFAULT_POSTPROCESS
+from kvldp.mechanisms.postprocess import RAW, postprocess_all
 from kvldp.pipelines import figures, mechanism_args, over_time, runner, simulate, sources, sweep, units
 from kvldp.pipelines.graphs import to_records
 from kvldp.pipelines.mechanism_args import MechanismConfig
+from kvldp.pipelines.postprocessing import postprocess_list
 from kvldp.pipelines.presets import PRESETS
 from kvldp.pipelines.simulate import SimulateConfig
 from kvldp.pipelines.sources import DataConfig
 
-Z95 = 1.96
-COVERAGE_METRICS = ("coverage", "scored", "se_zero", "null", "null_se")
+COVERAGE_METRICS = ("coverage", "scored", "no_interval", "se_zero", "null")
+FREQUENT = "f>=1/d"          # the key set of the keys with true frequency >= 1/d
 
-FIELDS = ["mechanism", "epsilon", "repeat", "metric", "key_set", "value", "theory", "dataset", "n_users"]
+FIELDS = ["mechanism", "epsilon", "repeat", "postprocess", "metric", "key_set", "value", "theory", "dataset",
+          "n_users"]
 
 
 def add_arguments(parser: argparse.ArgumentParser):
@@ -61,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser):
                              "(same estimates, faster; built-in datasets only)")
     parser.add_argument("--top", "--top-sets", dest="top_sets", default=None,
                         help="top-t key sets to score, e.g. 20,50 (default 50); KS-GRR/KS-Adap use the largest as t")
+    parser.add_argument("--postprocess", type=postprocess_list, default=None,
+                        help="post-processings to score, comma-separated, e.g. raw,norm-sub,base-cut,eb+shrink "
+                             f"(default raw,{DEFAULT_POSTPROCESS.name}); see simulate --postprocess")
     mechanism_args.add_mechanism_args(parser, single=False)
     mechanism_args.add_longitudinal_args(parser)
     over_time.add_arguments(parser)
@@ -70,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser):
 
 
 DEFAULTS = {"users": 1_000_000, "keys": 100, "dataset": "synthetic-uu", "mechanisms": "pckv-ue,pckv-grr",
-            "epsilons": "1,2,4", "repeats": 5, "top_sets": "50"}
+            "epsilons": "1,2,4", "repeats": 5, "top_sets": "50", "postprocess": (RAW, DEFAULT_POSTPROCESS.name)}
 
 
 def apply_preset(args) -> argparse.Namespace:
@@ -105,6 +120,7 @@ class EvaluateConfig:
     top_sets: tuple[int, ...] = (50,)
     parallel: int = 1
     engine: str = "beam"
+    postprocess: tuple[str, ...] = (RAW, DEFAULT_POSTPROCESS.name)
     # repeated collections (over_time.py): None runs the (mechanism, epsilon, repeat) sweep
     collections: int | None = None
     churn: float = 0.1
@@ -116,10 +132,11 @@ class EvaluateConfig:
     def __post_init__(self):
         for name in self.mechanisms:
             registry.factory(name)                   # unknown names fail before anything runs
-        if not self.mechanisms or not self.epsilons or not self.top_sets:
-            raise ValueError("evaluate needs at least one mechanism, epsilon and top-t set")
+        if not self.mechanisms or not self.epsilons or not self.top_sets or not self.postprocess:
+            raise ValueError("evaluate needs at least one mechanism, epsilon, top-t set and post-processing")
         if self.engine not in ("beam", "numpy"):
             raise ValueError(f"--engine is beam or numpy, not {self.engine!r}")
+        object.__setattr__(self, "postprocess", postprocess_list(",".join(self.postprocess)))
         unknown = set(self.modes) - set(over_time.MODES)
         if unknown or not self.modes:
             raise ValueError(f"--modes are of {', '.join(over_time.MODES)}, got {', '.join(sorted(unknown))}")
@@ -140,9 +157,10 @@ class EvaluateConfig:
         if not getattr(args, "collections", None):
             template = MechanismConfig.from_args(args, name=name, epsilon=epsilon)
             return cls(DataConfig.from_args(args), template, mechanisms, epsilons, int(args.repeats), args.out,
-                       top_sets, args.parallel, args.engine)
+                       top_sets, args.parallel, args.engine, postprocess=tuple(args.postprocess))
         # --collections T: the modes carry the longitudinal mode, so --eps-1/--second-layer come
-        # without --longitudinal; every cell runs on the NumPy runner
+        # without --longitudinal; every cell runs on the NumPy runner and scores the paper's
+        # estimators (over_time.py has no post-processing)
         given = {f: getattr(args, f, None) for f in ("eps_1", "second_layer")}
         lon = LongitudinalOptions(longitudinal=True, **{k: v for k, v in given.items() if v is not None})
         plain = copy.copy(args)
@@ -151,9 +169,10 @@ class EvaluateConfig:
         period = units.parse_duration(args.period or "30d") / over_time.DAY
         return cls(DataConfig.from_args(args), MechanismConfig.from_args(plain, name=name, epsilon=epsilon),
                    mechanisms, epsilons, int(args.repeats), args.out, top_sets, args.parallel, "numpy",
-                   int(args.collections), 0.1 if args.churn is None else float(args.churn),
-                   _listed(args.modes) if args.modes else over_time.MODES, lon, args.period_budget,
-                   max(1, round(period)))
+                   postprocess=(RAW,), collections=int(args.collections),
+                   churn=0.1 if args.churn is None else float(args.churn),
+                   modes=_listed(args.modes) if args.modes else over_time.MODES, longitudinal=lon,
+                   period_budget=args.period_budget, period_collections=max(1, round(period)))
 
     def cells(self) -> list[tuple[str, float, int]]:
         return [(m, e, r) for m in self.mechanisms for e in self.epsilons for r in range(self.repeats)]
@@ -173,11 +192,16 @@ def _column(records, field):
     return np.array([np.nan if r.get(field) is None else r[field] for r in records], dtype=float)
 
 
-def score(records: list[dict], mechanism, n_users: int, tops, run_info) -> list[dict]:
-    """Tidy metric rows of one run, with theory where the mechanism has one."""
+def score(records: list[dict], mechanism, n_users: int, tops, run_info, paper: list[dict] | None = None) -> list[dict]:
+    """Tidy metric rows of one run post-processed one way (``records``), with
+    the paper's closed-form theory for ``raw``. ``paper``: the same run's
+    raw records, whose non-null means define the keys the MSE of the mean is
+    taken over (default ``records``)."""
     f, m = _column(records, "frequency"), _column(records, "mean")
     tf, tm = _column(records, "true_frequency"), _column(records, "true_mean")
-    theory = mechanism.theoretical_variance(n_users, tf, tm) if n_users else None
+    paper_mean = _column(paper if paper is not None else records, "mean")
+    is_raw = run_info.get("postprocess", RAW) == RAW
+    theory = mechanism.theoretical_variance(n_users, tf, tm) if n_users and is_raw else None
     rows = []
 
     def add(metric, key_set, value, th=None):
@@ -186,44 +210,60 @@ def score(records: list[dict], mechanism, n_users: int, tops, run_info) -> list[
 
     sets = [("all", np.arange(len(records)))] + [(f"top{t}", metrics.top_keys(tf, t)) for t in tops]
     for label, keys in sets:
-        held = keys[np.isfinite(tm[keys])]
+        held = keys[np.isfinite(tm[keys]) & np.isfinite(paper_mean[keys])]
         add("mse_frequency", label, metrics.mse(f, tf, keys),
             None if theory is None else float(np.mean(theory[0][keys])))
-        add("mse_mean", label, metrics.mse(m, tm, keys),
+        add("mse_mean", label, metrics.mse(m, tm, held),
             None if theory is None or not len(held) else float(np.mean(theory[1][held])))
     for t in tops:
         found = metrics.top_t_intersection(tf, f, t)
         add("ncr", f"top{t}", metrics.ncr(tf, f, t))
         add("mse_frequency_found", f"top{t}", metrics.mse(f, tf, found))
         add("mse_mean_found", f"top{t}", metrics.mse(m, tm, found))
+    frequent = np.flatnonzero(tf >= 1.0 / max(len(records), 1))
     for what, est, truth in (("frequency", f, tf), ("mean", m, tm)):
-        # the s.e. is the raw estimator's: its interval raw ± 1.96 s.e. holds
-        # the truth iff its clip into the valid range does; the clipped point
-        # estimate ± 1.96 s.e. covers more where clipping moved it to the truth
-        se, raw = _column(records, f"{what}_se"), _column(records, f"{what}_raw")
-        share, scored, zero = metrics.coverage(raw, se, truth, z=Z95)
-        add(f"coverage_{what}", "all", share)
-        add(f"coverage_clipped_{what}", "all", metrics.coverage(est, se, truth, z=Z95)[0])
-        add(f"scored_{what}", "all", scored)
-        add(f"se_zero_{what}", "all", zero)
+        lo, hi = _column(records, f"{what}_lo"), _column(records, f"{what}_hi")
+        se = _column(records, f"{what}_se")
+        for label, keys in (("all", np.arange(len(records))), (FREQUENT, frequent)):
+            share, scored = metrics.interval_coverage(lo, hi, truth, keys)
+            given = keys[np.isfinite(truth[keys]) & np.isfinite(est[keys])]
+            add(f"coverage_{what}", label, share)
+            add(f"scored_{what}", label, scored)
+            add(f"no_interval_{what}", label, int(np.sum(~(np.isfinite(lo[given]) & np.isfinite(hi[given])))))
+        add(f"se_zero_{what}", "all", int(np.sum(se == 0)))
         add(f"null_{what}", "all", metrics.null_count(est, truth))
-        add(f"null_se_{what}", "all", int(np.sum(np.isfinite(truth) & np.isfinite(est) & ~np.isfinite(se))))
     return rows
 
 
-def run_cell(cell, config: EvaluateConfig, beam_args, out_dir: str):
-    """One (mechanism, epsilon, repeat) pipeline -> its metric rows."""
+def run_cell(cell, config: EvaluateConfig, beam_args, out_dir: str, methods=None):
+    """One (mechanism, epsilon, repeat) run -> its metric rows, for each
+    post-processing of ``methods`` (default ``config.postprocess``)."""
     name, eps, repeat = cell
+    methods = tuple(methods or config.postprocess)
     sim = config.cell(cell, out_dir)
-    out = (run_numpy if config.engine == "numpy" else simulate.execute)(sim, beam_args)
+    if config.engine == "numpy":
+        out = run_numpy(sim, beam_args, (RAW, *methods))
+    else:
+        out, stem = None, sim.output[:-len(".jsonl")]
+        for method in dict.fromkeys((RAW, *methods)):
+            run = simulate.execute(dataclasses.replace(sim, postprocess=method,
+                                                       output=f"{stem}_{method.replace('+', '-')}.jsonl"), beam_args)
+            out = out or {**run, "records_by_method": {}}
+            out["records_by_method"][method] = run["records"]
     n_users = out["n_users"] or out["stats"].get("users_assembled") or config.data.users
-    info = {"mechanism": name, "epsilon": eps, "repeat": repeat, "dataset": out["dataset"], "n_users": n_users}
-    return score(out["records"], out["mechanism"], n_users, config.top_sets, info)
+    rows = []
+    for method in methods:
+        info = {"mechanism": name, "epsilon": eps, "repeat": repeat, "postprocess": method,
+                "dataset": out["dataset"], "n_users": n_users}
+        rows += score(out["records_by_method"][method], out["mechanism"], n_users, config.top_sets, info,
+                      out["records_by_method"][RAW])
+    return rows
 
 
-def run_numpy(config: SimulateConfig, beam_args) -> dict:
+def run_numpy(config: SimulateConfig, beam_args, methods=None) -> dict:
     """``simulate.execute`` on the pure-NumPy local runner: the same seeds,
-    dataset, mechanism and records (not written to a file)."""
+    dataset, mechanism and records (not written to a file), post-processed
+    by each of ``methods`` (default the config's) from the one run."""
     data = config.data
     seeds = sources.Seeds.of(data)
     dataset = sources.built_in_dataset(data, seeds.data)
@@ -232,60 +272,105 @@ def run_numpy(config: SimulateConfig, beam_args) -> dict:
     ioh_keys = mechanism_args.resolve_ioh_keys(config.mechanism, data, beam_args, dataset.key_names, dataset, None)
     mechanism = config.mechanism.make(dataset.d, dataset, ioh_keys)
     result = run_local(mechanism, dataset, seeds.perturb, data.sized_for(mechanism, dataset.d).sized_batch)
-    records = to_records(result.estimates, dataset.key_names, result.truth, keys=mechanism.estimate_keys,
-                         rating_range=data.rating_scale(dataset))
-    return {"mechanism": mechanism, "dataset": dataset.name, "records": records, "n_users": dataset.n_users,
-            "stats": {}}
+    methods = tuple(dict.fromkeys(methods or (config.postprocess,)))
+    by_method = {method: to_records(est, dataset.key_names, result.truth, keys=mechanism.estimate_keys,
+                                    rating_range=data.rating_scale(dataset))
+                 for method, est in zip(methods, postprocess_all(result.estimates, methods), strict=True)}
+    return {"mechanism": mechanism, "dataset": dataset.name, "records": by_method[methods[0]],
+            "records_by_method": by_method, "n_users": dataset.n_users, "stats": {}}
+
+
+def _cells(results_csv) -> dict:
+    """``(dataset, mechanism, epsilon, post-processing) -> {(metric, key_set): [value per repeat]}``."""
+    with open(results_csv, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    cells: dict = {}
+    for r in rows:
+        key = (r["dataset"], r["mechanism"], float(r["epsilon"]), r["postprocess"])
+        cells.setdefault(key, {}).setdefault((r["metric"], r["key_set"]), []).append(float(r["value"]))
+    return cells
+
+
+def _pooled(c, what, key_set):
+    """Coverage pooled over keys and repeats, and the keys scored per repeat."""
+    share, scored = c.get((f"coverage_{what}", key_set), []), c.get((f"scored_{what}", key_set), [])
+    hits = sum(s * k for s, k in zip(share, scored, strict=False) if k > 0)
+    total = sum(k for k in scored if k > 0)
+    return (f"{hits / total:.3f}" if total else "–"), (total / len(scored) if scored else 0.0)
 
 
 def coverage_table(results_csv) -> str:
-    """Markdown: per mechanism and epsilon, over the repeats, the coverage of
-    ``raw ± 1.96 s.e.`` (in brackets: ``clipped ± 1.96 s.e.``), pooled over
-    keys and repeats, for frequency and mean; the keys with s.e. 0 (summed
-    over repeats); the null estimates and the estimates without s.e.
-    (averaged per repeat)."""
-    with open(results_csv, newline="") as fh:
-        rows = [r for r in csv.DictReader(fh) if r["key_set"] == "all"]
-    cells: dict = {}
-    for r in rows:
-        key = (r["dataset"], r["mechanism"], float(r["epsilon"]))
-        cells.setdefault(key, {}).setdefault(r["metric"], []).append(float(r["value"]))
-    out = ["| dataset | mechanism | eps | repeats | freq coverage (clipped) | mean coverage (clipped) "
-           "| #s.e.=0 f/m (all repeats) | #null f/m (per run) | #no s.e. f/m (per run) |",
-           "|---|---|---|---|---|---|---|---|---|"]
-
-    def pooled(c, what, prefix="coverage_"):
-        share, scored = c.get(f"{prefix}{what}", []), c.get(f"scored_{what}", [])
-        hits = sum(s * k for s, k in zip(share, scored, strict=False) if k > 0)
-        total = sum(k for k in scored if k > 0)
-        return f"{hits / total:.3f}" if total else "–"
-
-    def both(c, what):
-        main, clipped = pooled(c, what), pooled(c, what, "coverage_clipped_")
-        return main if main == "–" else f"{main} ({clipped})"
+    """Markdown: per dataset, mechanism, epsilon and post-processing, over
+    the repeats, the coverage of the 95 % intervals ``[*_lo, *_hi]`` pooled
+    over keys and repeats (all keys; keys with true frequency ``>= 1/d``),
+    for frequency and mean, with the keys scored per repeat; the keys
+    without an interval (uninformative, biased) and the null estimates per
+    repeat; the keys with s.e. 0 (summed over repeats)."""
+    cells = _cells(results_csv)
+    out = ["| dataset | mechanism | eps | post-processing | repeats | freq coverage all / f>=1/d (keys) "
+           "| mean coverage all / f>=1/d (keys) | #no interval f/m (per run) | #null f/m (per run) "
+           "| #s.e.=0 f/m (all repeats) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
 
     def per_run(c, metric):
-        vals = c.get(metric, [])
+        vals = c.get((metric, "all"), [])
         return f"{np.mean(vals):.4g}" if vals else "–"
 
-    for (dataset, mech, eps), c in sorted(cells.items()):
-        if "coverage_frequency" not in c:
+    for (dataset, mech, eps, method), c in sorted(cells.items()):
+        if ("coverage_frequency", "all") not in c:
             continue
-        reps = len(c["coverage_frequency"])
-        zeros = f"{int(sum(c['se_zero_frequency']))}/{int(sum(c['se_zero_mean']))}"
-        out.append(f"| {dataset} | {mech} | {eps:g} | {reps} | {both(c, 'frequency')} | {both(c, 'mean')} | "
-                   f"{zeros} | {per_run(c, 'null_frequency')}/{per_run(c, 'null_mean')} | "
-                   f"{per_run(c, 'null_se_frequency')}/{per_run(c, 'null_se_mean')} |")
+        reps = len(c[("coverage_frequency", "all")])
+        cov = {}
+        for what in ("frequency", "mean"):
+            (a, _), (b, k) = _pooled(c, what, "all"), _pooled(c, what, FREQUENT)
+            cov[what] = f"{a} / {b} ({k:.1f})"
+        zeros = f"{int(sum(c.get(('se_zero_frequency', 'all'), [])))}/{int(sum(c.get(('se_zero_mean', 'all'), [])))}"
+        out.append(f"| {dataset} | {mech} | {eps:g} | {method} | {reps} | {cov['frequency']} | {cov['mean']} | "
+                   f"{per_run(c, 'no_interval_frequency')}/{per_run(c, 'no_interval_mean')} | "
+                   f"{per_run(c, 'null_frequency')}/{per_run(c, 'null_mean')} | {zeros} |")
     return "\n".join(out) + "\n"
 
 
-def cell_parameters(config: EvaluateConfig, cell) -> dict:
-    """Everything that shapes one cell's rows: its simulation (data,
-    mechanism and options, seed) and how it is scored -- not where it is
-    written or how many cells run at once."""
-    sweep_wide = {"mechanisms", "epsilons", "repeats", "out", "parallel", "data", "template"}
+GAIN_METRICS = (("mse_frequency", "all"), ("mse_mean", "all"), ("mse_frequency", "top50"), ("mse_mean", "top50"),
+                ("ncr", "top20"), ("ncr", "top50"))
+
+
+def gain_table(results_csv) -> str:
+    """Markdown: per dataset, mechanism and epsilon, each metric's mean over
+    the repeats for ``raw`` and every other post-processing, with the ratio
+    post-processed / raw for the MSEs (< 1: the post-processing helps)."""
+    cells = _cells(results_csv)
+    methods = sorted({k[3] for k in cells} - {RAW})
+    present = [(m, ks) for m, ks in GAIN_METRICS if any((m, ks) in c for c in cells.values())]
+    head = " | ".join(f"{m.replace('mse_', 'MSE ')} {ks}" for m, ks in present)
+    out = [f"| dataset | mechanism | eps | post-processing | {head} |", "|---|---|---|---|" + "---|" * len(present)]
+    for (dataset, mech, eps, method), c in sorted(cells.items(), key=lambda kv: (kv[0][:3], kv[0][3] != RAW)):
+        if method != RAW and method not in methods:
+            continue
+        raw = cells.get((dataset, mech, eps, RAW), {})
+        parts = []
+        for metric, ks in present:
+            vals = [v for v in c.get((metric, ks), []) if v == v]
+            if not vals:
+                parts.append("–")
+                continue
+            value = np.mean(vals)
+            base = [v for v in raw.get((metric, ks), []) if v == v]
+            ratio = f" ({value / np.mean(base):.2f}x)" if method != RAW and metric.startswith("mse") and base else ""
+            parts.append(f"{value:.3g}{ratio}")
+        out.append(f"| {dataset} | {mech} | {eps:g} | {method} | " + " | ".join(parts) + " |")
+    return "\n".join(out) + "\n"
+
+
+def cell_parameters(config: EvaluateConfig, cell, method: str) -> dict:
+    """Everything that shapes the rows of one cell post-processed by
+    ``method``: its simulation (data, mechanism and options, seed), the
+    post-processing and how it is scored -- not where it is written, how
+    many cells run at once or which other post-processings are scored."""
+    sweep_wide = {"mechanisms", "epsilons", "repeats", "out", "parallel", "data", "template", "postprocess"}
     scoring = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in sweep_wide}
-    return {"simulation": dataclasses.replace(config.cell(cell, ""), output=None), **scoring}
+    return {"simulation": dataclasses.replace(config.cell(cell, ""), output=None), "postprocess": method,
+            **scoring}
 
 
 def cell_name(cell) -> str:
@@ -293,12 +378,19 @@ def cell_name(cell) -> str:
     return f"{name}_eps{eps:g}_r{repeat}"
 
 
-def run_cell_task(config: EvaluateConfig, beam_args, out_dir: str, cell) -> list[dict]:
-    """A worker's cell: its rows, its scratch files removed when it ends
-    (no progress lines: the sweep's own bar counts cells)."""
+def pair_name(cell, method: str) -> str:
+    """The cell store's name of a (cell, post-processing) pair."""
+    return f"{cell_name(cell)}_{method.replace('+', '-')}"
+
+
+def run_cell_task(config: EvaluateConfig, beam_args, out_dir: str, task) -> list[dict]:
+    """A worker's task, ``(cell, post-processings)``: its rows, its scratch
+    files removed when it ends (no progress lines: the sweep's own bar
+    counts cells)."""
+    cell, methods = task
     os.environ.setdefault(runner.PROGRESS_ENV, "0")
     with runner.scratch_scope():
-        return run_cell(cell, config, beam_args, out_dir)
+        return run_cell(cell, config, beam_args, out_dir, methods)
 
 
 def run(config: EvaluateConfig, beam_args) -> dict:
@@ -308,33 +400,47 @@ def run(config: EvaluateConfig, beam_args) -> dict:
     (out_dir / "runs").mkdir(parents=True, exist_ok=True)
     store = sweep.CellStore(out_dir, FIELDS)
     results = out_dir / "results.csv"
-    cells = {cell: sweep.fingerprint(cell_parameters(config, cell)) for cell in config.cells()}
-    wanted = [(cell_name(c), fp) for c, fp in cells.items()]
-    todo = [c for c, fp in cells.items() if not store.done(cell_name(c), fp)]
+    pairs = {(cell, method): sweep.fingerprint(cell_parameters(config, cell, method))
+             for cell in config.cells() for method in config.postprocess}
+    wanted = [(pair_name(*pair), fp) for pair, fp in pairs.items()]
+    todo = {}
+    for (cell, method), fp in pairs.items():
+        if not store.done(pair_name(cell, method), fp):
+            todo.setdefault(cell, []).append(method)
+    tasks = [(cell, tuple(methods)) for cell, methods in todo.items()]
     others = store.others({store.path(*w) for w in wanted})
-    print(f"{len(cells) - len(todo)} cells done, {len(todo)} to run ({','.join(config.mechanisms)} x eps "
-          f"{','.join(f'{e:g}' for e in config.epsilons)} x {config.repeats} repeats on {config.data.dataset})"
-          + (f"; {others} cells of other parameters in {store.directory} are left out" if others else ""))
-    progress = tqdm(total=len(todo), desc="cells", unit="run")
+    n_cells = len(config.cells())
+    print(f"{n_cells - len(tasks)} cells done, {len(tasks)} to run ({','.join(config.mechanisms)} x eps "
+          f"{','.join(f'{e:g}' for e in config.epsilons)} x {config.repeats} repeats on {config.data.dataset}; "
+          f"post-processing {','.join(config.postprocess)}: {sum(map(len, todo.values()))} of {len(pairs)} "
+          "(cell, post-processing) pairs to score)"
+          + (f"; {others} (cell, post-processing) pairs of other parameters in {store.directory} are left out"
+             if others else ""))
+    progress = tqdm(total=len(tasks), desc="cells", unit="run")
 
-    def finished(cell, rows):
-        store.write(cell_name(cell), cells[cell], rows)
+    def finished(task, rows):
+        cell, methods = task
+        for method in methods:
+            store.write(pair_name(cell, method), pairs[(cell, method)], [r for r in rows if r["postprocess"] == method])
         sweep.write_csv_atomically(results, FIELDS, store.rows(wanted))
         progress.update()
 
     try:
-        sweep.run_cells(functools.partial(run_cell_task, config, beam_args, str(out_dir)), todo,
+        sweep.run_cells(functools.partial(run_cell_task, config, beam_args, str(out_dir)), tasks,
                         config.parallel, finished)
     except sweep.Interrupted as stop:
         progress.close()
         done = sum(store.done(*w) for w in wanted)
-        raise SweepInterrupted(f"stopped by {stop}: {done} of {len(cells)} cells are in {results}; "
-                               "rerun the same command to run the rest") from None
+        raise SweepInterrupted(f"stopped by {stop}: {done} of {len(pairs)} (cell, post-processing) pairs are in "
+                               f"{results}; rerun the same command to run the rest") from None
     progress.close()
     sweep.write_csv_atomically(results, FIELDS, store.rows(wanted))
     pngs = figures.plot_results(results, out_dir)
     table = coverage_table(results)
     (out_dir / "coverage.md").write_text(table)
+    gains = gain_table(results)
+    (out_dir / "postprocess.md").write_text(gains)
+    print(gains)
     print(table)
     print(f"results: {results}")
     for png in pngs:

@@ -9,6 +9,7 @@ from apache_beam.pvalue import AsSingleton
 
 from kvldp import schemas
 from kvldp.mechanisms.base import Estimates
+from kvldp.mechanisms.postprocess import RAW, postprocess
 from kvldp.mechanisms.protocol import Protocol
 from kvldp.mechanisms.query import pattern_truth
 from kvldp.mechanisms.truth import truth_counts, truth_from_counts
@@ -47,32 +48,40 @@ def truth_sum(users, d: int):
             | "SumTruth" >> beam.CombineGlobally(ArraySumCombineFn(1 + 2 * d)))
 
 
-def records_of(state, protocol: Protocol, key_names, truth=None, rating_range=None):
-    """``state -> EstimateTable`` (one element; with the true values when
-    ``truth``, a one-element PCollection of ``truth_sum``): the records are
-    built as ``WriteEstimates`` writes them, never d elements in the runner."""
+def final_estimates(state, protocol: Protocol, method: str = RAW) -> Estimates:
+    """The state's estimates post-processed by ``method`` (``kvldp.mechanisms.postprocess``)."""
+    return postprocess(protocol.estimates(state), method)
+
+
+def records_of(state, protocol: Protocol, key_names, truth=None, method: str = RAW, rating_range=None):
+    """``state -> EstimateTable`` post-processed by ``method`` (one element;
+    with the true values when ``truth``, a one-element PCollection of
+    ``truth_sum``; means also on ``rating_range``, the ratings' own scale,
+    when given): the records are built as ``WriteEstimates`` writes them,
+    never d elements in the runner."""
     extra = [] if truth is None else [AsSingleton(truth)]
     return (state
-            | "Estimates" >> beam.Map(protocol.estimates)
+            | "Estimates" >> beam.Map(final_estimates, protocol, method)
             | "ToTable" >> beam.Map(to_table, AsSingleton(key_names), *extra, keys=protocol.estimate_keys,
                                       rating_range=rating_range))
 
 
 def simulate_graph(users, protocol: Protocol, seed: int, key_names, fanout: int | None = None, truth: bool = True,
-                   rating_range=None):
+                   method: str = RAW, rating_range=None):
     """A whole protocol as one pipeline: ``users -> {"records", "state", "counts"}``
-    (every round; ``counts``: the last round's)."""
+    (every round; ``counts``: the last round's; records post-processed by ``method``)."""
     run = users | "Protocol" >> RunProtocol(protocol, seed, fanout)
     records = records_of(run["state"], protocol, key_names, truth_sum(users, protocol.d) if truth else None,
-                         rating_range)
+                         method, rating_range)
     return {"records": records, **run}
 
 
 def collect_graph(reports, protocol: Protocol, round_index: int, previous, key_names, fanout: int | None = None,
-                  rating_range=None):
+                  method: str = RAW, rating_range=None):
     """The collector's graph of one round: ``reports -> {"records", "state", "counts"}``."""
     out = reports | f"CollectRound{round_index + 1}" >> CollectRound(protocol, round_index, previous, fanout)
-    return {"records": records_of(out["state"], protocol, key_names, rating_range=rating_range), **out}
+    return {"records": records_of(out["state"], protocol, key_names, method=method, rating_range=rating_range),
+            **out}
 
 
 def ioh_counts_file(counts, users, mechanism, key_names, path: str):

@@ -23,6 +23,13 @@ def read_estimates(path: str) -> EstimateRecords:
     return read_estimate_records(path, format_of(path))
 
 
+def _values(records, field):
+    """A field's values, key by key (no dicts built for an ``EstimateRecords``)."""
+    if isinstance(records, EstimateRecords):
+        return records.column(field)
+    return [r.get(field) for r in records]
+
+
 def _arr(records, field):
     if isinstance(records, EstimateRecords):
         return records.column(field)
@@ -50,9 +57,22 @@ def _num(value, width: int, digits: int) -> str:
     return f"{value:{width}.{digits}f}" if value is not None else f"{'null':>{width}}"
 
 
+def _interval(r, what: str, digits: int) -> str:
+    lo, hi = r.get(f"{what}_lo"), r.get(f"{what}_hi")
+    if lo is None or hi is None:
+        return f"{'null':>{2 * digits + 7}}"
+    return f"[{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
 def scale_text(rating_range) -> str:
     lo, hi = rating_range
     return f"{lo:g}-{hi:g}"
+
+
+def _on_scale(mean, rating_range):
+    """A mean in [-1, 1] on the ratings' own scale (None stays None)."""
+    lo, hi = rating_range
+    return None if mean is None else lo + (mean + 1.0) * (hi - lo) / 2.0
 
 
 def rating_summary(summary: dict[str, float], rating_range) -> str:
@@ -65,37 +85,42 @@ def rating_summary(summary: dict[str, float], rating_range) -> str:
 
 
 def print_table(records: list[dict], rows: int = 10, out=None, rating_range=None):
-    """The most frequent keys: truth (when known) next to estimate ± s.e.
-    (``null`` where not estimable, the status alongside). With
-    ``rating_range`` the means are shown on the ratings' own scale."""
+    """The most frequent keys: truth (when known) next to the estimate and
+    its 95 % interval (``null`` where not estimable or, for a mean, where
+    the reports bound it no better than [-1, 1]; the status alongside).
+    With ``rating_range`` the means are shown on the ratings' own scale."""
     out = out or sys.stdout
     has_truth = bool(np.isfinite(_arr(records, "true_frequency")).any())
     order = np.nan_to_num(_arr(records, "true_frequency" if has_truth else "frequency"), nan=0.0)
     ranked = [records[int(i)] for i in np.argsort(-order, kind="stable")[:rows]]   # only these become dicts
     if rating_range is not None:
-        lo, hi = rating_range
-        half = (hi - lo) / 2.0
         ranked = [{**r, "mean": r.get("mean_rating"), "mean_se": r.get("mean_rating_se"),
-                   "true_mean": None if r.get("true_mean") is None else lo + (r["true_mean"] + 1.0) * half}
+                   **{f: _on_scale(r.get(f), rating_range) for f in ("mean_lo", "mean_hi", "true_mean")}}
                   for r in ranked]
         print(f"(means on the ratings' {scale_text(rating_range)} scale)", file=out)
+    methods = sorted({p or "raw" for p in _values(records, "postprocess")})
+    f_int, m_int = "95% interval f".rjust(18), "95% interval m".rjust(16)
     if has_truth:
-        print(f"{'key':>10} {'true f':>9} {'est f':>9} {'± s.e.':>9} {'true m':>8} {'est m':>8} {'± s.e.':>8}",
-              file=out)
+        print(f"{'key':>10} {'true f':>9} {'est f':>9} {f_int} {'true m':>8} {'est m':>8} {m_int}", file=out)
     else:
-        print(f"{'key':>10} {'est f':>9} {'± s.e.':>9} {'est m':>8} {'± s.e.':>8}", file=out)
+        print(f"{'key':>10} {'est f':>9} {f_int} {'est m':>8} {m_int}", file=out)
     notes = set()
     for r in ranked:
-        f, se_f = _num(r.get("frequency"), 9, 5), _num(r.get("frequency_se"), 9, 5)
-        m, se_m = _num(r.get("mean"), 8, 4), _num(r.get("mean_se"), 8, 4)
+        f, m = _num(r.get("frequency"), 9, 5), _num(r.get("mean"), 8, 4)
+        fi, mi = _interval(r, "frequency", 5), _interval(r, "mean", 3)
         status = [s for s in (r.get("frequency_status"), r.get("mean_status")) if s not in (None, "ok")]
         notes.update(status)
         tail = f"  ({', '.join(dict.fromkeys(status))})" if status else ""
         if has_truth:
             tm = "" if r.get("true_mean") is None else f"{r['true_mean']:8.4f}"
-            print(f"{r['key']:>10} {r['true_frequency']:9.5f} {f} {se_f} {tm:>8} {m} {se_m}{tail}", file=out)
+            print(f"{r['key']:>10} {r['true_frequency']:9.5f} {f} {fi:>18} {tm:>8} {m} {mi:>16}{tail}", file=out)
         else:
-            print(f"{r['key']:>10} {f} {se_f} {m} {se_m}{tail}", file=out)
+            print(f"{r['key']:>10} {f} {fi:>18} {m} {mi:>16}{tail}", file=out)
+    print(f"post-processing: {', '.join(methods)} (raw: the paper's estimator, interval raw ± 1.96 s.e.; "
+          "otherwise kvldp.mechanisms.postprocess, intervals from each key's own reports)", file=out)
     if "biased" in notes:
         print("biased: this mechanism's mean estimator is biased (fake values of non-holders pull it), so it "
               "has no standard error", file=out)
+    if "uninformative" in notes:
+        print("uninformative: the key's reports do not bound its mean more tightly than [-1, 1]; the estimate "
+              "is mostly the pooled mean of the other keys", file=out)

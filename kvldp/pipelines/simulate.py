@@ -10,12 +10,14 @@ import time
 
 import apache_beam as beam
 
+from kvldp.mechanisms.postprocess import DEFAULT as DEFAULT_POSTPROCESS
 from kvldp.mechanisms.protocol import Collection
 from kvldp.mechanisms.randomness import noise_generator_name
 from kvldp.pipelines import devices, mechanism_args, report, runner, sources
 from kvldp.pipelines.graphs import ioh_counts_file, protocol_summary, simulate_graph
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.padding import resolve_padding
+from kvldp.pipelines.postprocessing import add_postprocess_arg
 from kvldp.pipelines.query import print_queries
 from kvldp.pipelines.report import read_text
 from kvldp.pipelines.sources import DataConfig
@@ -36,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--fanout", type=int, default=None, help="CombineGlobally fanout")
     parser.add_argument("--query", action="append", default=[],
                         help='IOH: "target=KEY given KEY=1,KEY=0" (repeatable); prints estimate and truth')
+    add_postprocess_arg(parser)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,11 +52,12 @@ class SimulateConfig:
     rows: int = 10                       # keys shown in the table
     fanout: int | None = None            # CombineGlobally fanout
     queries: tuple[str, ...] = ()        # IOH queries answered after the run
+    postprocess: str = DEFAULT_POSTPROCESS.name     # kvldp.mechanisms.postprocess
 
     @classmethod
     def from_args(cls, args) -> SimulateConfig:
         return cls(DataConfig.from_args(args), MechanismConfig.from_args(args), args.output, args.rows,
-                   args.fanout, tuple(args.query))
+                   args.fanout, tuple(args.query), args.postprocess)
 
 
 def execute(config: SimulateConfig, beam_args) -> dict:
@@ -88,7 +92,7 @@ def execute(config: SimulateConfig, beam_args) -> dict:
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
     # users -> state after round 1 -> … -> final state -> records (+ summary)
     run = simulate_graph(source.users, mechanism, seeds.perturb, source.key_names, config.fanout,
-                         rating_range=data.rating_scale(dataset))
+                         method=config.postprocess, rating_range=data.rating_scale(dataset))
     if mechanism.max_rounds > 1:     # what the rounds did: rounds run, budget spent, the ledger
         (run["state"] | "Summary" >> beam.Map(protocol_summary, mechanism)
          | "WriteSummary" >> beam.io.WriteToText(summary_path, num_shards=1, shard_name_template=""))

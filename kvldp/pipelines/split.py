@@ -21,12 +21,14 @@ from apache_beam.io.filesystems import FileSystems
 from kvldp import schemas
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms.params import AUTO
+from kvldp.mechanisms.postprocess import DEFAULT as DEFAULT_POSTPROCESS
 from kvldp.mechanisms.protocol import Collection
 from kvldp.pipelines import devices, manifest, mechanism_args, report, run_seed, runner, sources
 from kvldp.pipelines.devices import LedgerConfig
 from kvldp.pipelines.graphs import collect_graph, ioh_counts_file
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.padding import padding_from_reports, resolve_padding
+from kvldp.pipelines.postprocessing import add_postprocess_arg
 from kvldp.pipelines.sources import DataConfig
 from kvldp.pipelines.units import path_arg
 from kvldp.schemas.records import broadcast_records, state_from_broadcast
@@ -280,6 +282,7 @@ def add_collect_arguments(parser: argparse.ArgumentParser):
                         help="IOH: where to write the cell counts for kvldp query (default OUTPUT.counts.avro)")
     parser.add_argument("--rows", type=int, default=10)
     parser.add_argument("--fanout", type=int, default=None)
+    add_postprocess_arg(parser)
     parser.add_argument("--rating-range", type=sources.parse_range, default=None,
                         help="lo,hi: the ratings' own scale, for means given on it too (default: the "
                              "range perturb read, from the manifest)")
@@ -312,6 +315,7 @@ class CollectConfig:
     fanout: int | None = None
     allow_partial: bool = False
     require_manifest: bool = True
+    postprocess: str = DEFAULT_POSTPROCESS.name     # kvldp.mechanisms.postprocess
     rating_range: tuple[float, float] | None = None     # None: the manifest's
 
     def __post_init__(self):
@@ -322,7 +326,8 @@ class CollectConfig:
     def from_args(cls, args) -> CollectConfig:
         return cls(MechanismConfig.from_args(args), args.input, args.output, args.round, args.broadcast,
                    args.key_dictionary, args.keys, args.broadcast_out, args.counts_out, args.rows, args.fanout,
-                   args.allow_partial, args.require_manifest, args.rating_range)
+                   args.allow_partial, args.require_manifest, args.postprocess,
+                   args.rating_range)
 
 
 def reports_collection(pattern: str, found: dict) -> Collection:
@@ -396,7 +401,8 @@ def run_collect(config: CollectConfig, beam_args) -> dict:
     reports = p | "ReadReports" >> ReadReports(config.input, mechanism, r, expected)
     # reports -> counts of round r -> the state after round r -> records
     scale = config.rating_range or (manifest.rating_scale(config.input) if config.require_manifest else None)
-    out = collect_graph(reports, mechanism, r, previous, key_names, config.fanout, rating_range=scale)
+    out = collect_graph(reports, mechanism, r, previous, key_names, config.fanout, rating_range=scale,
+                        method=config.postprocess)
     out["records"] | "WriteEstimates" >> WriteEstimates(config.output)
     broadcast_out, counts_out = None, None
     if mechanism.max_rounds > 1:

@@ -26,9 +26,12 @@ import uuid
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+from kvldp.mechanisms.postprocess import DEFAULT as DEFAULT_POSTPROCESS
+from kvldp.mechanisms.postprocess import postprocess
 from kvldp.mechanisms.protocol import Collection
 from kvldp.pipelines import mechanism_args, runner, sources, split
 from kvldp.pipelines.mechanism_args import MechanismConfig
+from kvldp.pipelines.postprocessing import add_postprocess_arg
 from kvldp.pipelines.pubsub_admin import ensure_subscription
 from kvldp.pipelines.units import parse_duration, path_arg, pubsub_path
 from kvldp.schemas import envelope
@@ -49,6 +52,7 @@ from kvldp.transforms.streaming import (
     CalibratePanes,
     CheckReports,
     DeduplicateBatches,
+    Pane,
     WindowReports,
     WindowSpec,
     expected_rounds,
@@ -102,6 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser):
                      help="counters in the log this often (default: every --early-every, else 10s)")
     run.add_argument("--drain-timeout", type=parse_duration, default=60.0,
                      help="on stop, wait at most this long for the batches read to reach a pane (60s)")
+    add_postprocess_arg(out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +132,7 @@ class StreamConfig:
     subscribe_to: str | None = None
     collection_id: str | None = None
     broadcast_topic: str | None = None
+    postprocess: str = DEFAULT_POSTPROCESS.name     # kvldp.mechanisms.postprocess, per pane
 
     def __post_init__(self):
         if not self.key_dictionary and not self.keys:
@@ -146,7 +152,12 @@ class StreamConfig:
                    args.dedupe_horizon, args.output_dir, args.output_format, args.output_topic,
                    args.dead_letter_dir, args.dead_letter_topic, args.max_runtime, args.stop_after_windows,
                    progress, args.drain_timeout, args.subscribe_to, args.collection_id,
-                   args.broadcast_topic)
+                   args.broadcast_topic, args.postprocess)
+
+
+def postprocess_pane(pane: Pane, method: str) -> Pane:
+    """The pane with its estimates post-processed (``kvldp.mechanisms.postprocess``)."""
+    return dataclasses.replace(pane, estimates=postprocess(pane.estimates, method))
 
 
 def round_configs(protocol, collection_id: str | None) -> list[dict]:
@@ -181,6 +192,7 @@ def stream_graph(p: beam.Pipeline, config: StreamConfig, protocol, key_names, id
             chained[ROUNDS] | "WriteRounds" >> WriteRounds(config.output_dir, protocol, job)
         if config.broadcast_topic:
             chained[ROUNDS] | "PublishBroadcasts" >> Publish(config.broadcast_topic, broadcast_message)
+    panes = panes | "Postprocess" >> beam.Map(postprocess_pane, config.postprocess)
     keys = protocol.estimate_keys
     if config.output_dir:
         panes | "WritePanes" >> WritePanes(config.output_dir, key_names, job, keys, config.output_format)

@@ -81,11 +81,12 @@ class EstimateRecords(Sequence):
         return (self._record(i) for i in range(self._n))
 
     def column(self, field: str) -> np.ndarray:
-        """A double field as floats (NaN where null; all NaN for a field the
-        file lacks), any other as an array of its values."""
+        """A double field as floats (NaN where null), any other as an array
+        of its values (a field the file lacks: all NaN, or all None)."""
         col = self._columns.get(field)
         if col is None:
-            return np.full(self._n, np.nan)
+            return np.full(self._n, np.nan) if _field_kinds().get(field) == "double" else \
+                np.full(self._n, None, dtype=object)
         if isinstance(col, array):
             return np.frombuffer(col, dtype=np.float64).copy() if self._n else np.zeros(0)
         return np.asarray(col, dtype=object)

@@ -16,6 +16,10 @@ def _opt(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _at(values, k: int) -> float | None:
+    return None if values is None else _opt(values[k])
+
+
 def _status(statuses, k: int) -> str:
     return "ok" if statuses is None else str(statuses[k])
 
@@ -49,10 +53,15 @@ def estimate_records(est: Estimates, key_names: Sequence[str], true_frequency=No
             "mean_raw": _opt(est.mean_raw[k]),
             "frequency_se": _opt(est.frequency_se[k]),
             "mean_se": _opt(est.mean_se[k]),
+            "frequency_lo": _at(est.frequency_lo, k),
+            "frequency_hi": _at(est.frequency_hi, k),
+            "mean_lo": _at(est.mean_lo, k),
+            "mean_hi": _at(est.mean_hi, k),
             "mean_rating": _opt(scaled[0][k]),
             "mean_rating_se": _opt(scaled[1][k]),
             "frequency_status": _status(est.frequency_status, k),
             "mean_status": _status(est.mean_status, k),
+            "postprocess": est.postprocess or "raw",
             "n_reports": int(est.n_reports),
             "mechanism": est.mechanism,
             "epsilon": float(est.epsilon),

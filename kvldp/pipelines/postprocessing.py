@@ -1,0 +1,39 @@
+"""``--postprocess``: which post-processing the collector applies to the
+calibrated estimates before writing them (``kvldp.mechanisms.postprocess``)."""
+from __future__ import annotations
+
+import argparse
+
+from kvldp.mechanisms import postprocess as pp
+
+HELP = ("post-processing of the calibrated estimates, FREQ[+shrink]: FREQ one of raw (the paper's estimator, "
+        "clipped: the mechanism's own output), eb (empirical Bayes), norm-sub, project, base-cut (Wang et al.'s "
+        "consistency); +shrink shrinks the means towards the pooled mean by empirical Bayes; 'shrink' alone "
+        "keeps the paper's frequencies. Every choice but raw writes likelihood-ratio 95 %% intervals "
+        "(*_lo, *_hi) that cover each key's truth whatever the post-processing did. Default: "
+        f"{pp.DEFAULT.name} (README, 'Post-processing')")
+PATTERN = r"^((raw|eb|norm-sub|project|base-cut)(\+shrink)?|shrink)$"
+
+
+def postprocess_arg(text: str) -> str:
+    """A post-processing's name, checked now (before any job starts)."""
+    try:
+        return pp.PostProcess.parse(text).name
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+postprocess_arg.pattern = PATTERN          # the Flex Template's validation regex (template.py)
+
+
+def postprocess_list(text: str) -> tuple[str, ...]:
+    """``raw,norm-sub,eb+shrink`` -> the names, each checked, in order, once."""
+    names = [postprocess_arg(t.strip()) for t in str(text).split(",") if t.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("--postprocess needs at least one post-processing")
+    return tuple(dict.fromkeys(names))
+
+
+def add_postprocess_arg(parser):
+    parser.add_argument("--postprocess", type=postprocess_arg, default=pp.DEFAULT.name, metavar="FREQ[+shrink]",
+                        help=HELP)
