@@ -41,7 +41,7 @@ import dataclasses
 import numpy as np
 from scipy.interpolate import BSpline
 from scipy.optimize import minimize
-from scipy.stats import norm
+from scipy.special import gammainc
 
 SPLINE_DF = 12            # log-spline prior: degrees of freedom of the B-spline basis
 SPLINE_PENALTY = 0.1      # c0 of the penalty c0 ||alpha|| (Efron 2016 §3 uses ~1 for a few hundred cases)
@@ -113,15 +113,13 @@ def gamma_carrier(grid: np.ndarray, mean: float, var: float) -> np.ndarray:
     """Cell masses of the gamma distribution with ``mean`` and ``var`` on
     ``grid`` (cells between midpoints), floored at ``CARRIER_FLOOR``; a
     point mass at the grid value nearest ``mean`` when ``var`` or ``mean`` is 0."""
-    from scipy.stats import gamma
-
     grid = np.asarray(grid, dtype=np.float64)
     if mean <= 0 or var <= 0:
         mass = np.zeros(len(grid))
         mass[np.argmin(np.abs(grid - max(mean, 0.0)))] = 1.0
     else:
         edges = np.concatenate([[0.0], (grid[1:] + grid[:-1]) / 2, [np.inf]])
-        cdf = gamma.cdf(edges, mean * mean / var, scale=var / mean)
+        cdf = gammainc(mean * mean / var, edges / (var / mean))       # the gamma's cdf
         mass = np.diff(cdf)
     mass = np.maximum(mass / mass.sum(), CARRIER_FLOOR)
     return mass / mass.sum()
@@ -145,7 +143,9 @@ def truncated_normal_weights(grid: np.ndarray, mu: float, tau: float) -> np.ndar
     """``N(mu, tau^2)`` restricted to the grid (at least one point: as
     ``tau -> 0`` the mass goes to the grid point nearest ``mu``)."""
     grid = np.asarray(grid, dtype=np.float64)
-    log = norm.logpdf(grid, mu, max(tau, 1e-12))
+    sd = max(tau, 1e-12)
+    z = (grid - mu) / sd
+    log = -z**2 / 2.0 - np.log(np.sqrt(2 * np.pi)) - np.log(sd)  # as scipy.stats.norm.logpdf
     if not np.isfinite(log).any() or tau <= 1e-12:
         w = np.zeros(len(grid))
         w[np.argmin(np.abs(grid - mu))] = 1.0
