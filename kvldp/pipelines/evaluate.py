@@ -49,6 +49,7 @@ from kvldp.pipelines.graphs import to_records
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.postprocessing import postprocess_list
 from kvldp.pipelines.presets import PRESETS
+from kvldp.pipelines.report import column
 from kvldp.pipelines.simulate import SimulateConfig
 from kvldp.pipelines.sources import DataConfig
 
@@ -188,18 +189,14 @@ class EvaluateConfig:
             output=os.path.join(out_dir, "runs", f"{cell_name(cell)}.jsonl"))
 
 
-def _column(records, field):
-    return np.array([np.nan if r.get(field) is None else r[field] for r in records], dtype=float)
-
-
 def score(records: list[dict], mechanism, n_users: int, tops, run_info, paper: list[dict] | None = None) -> list[dict]:
     """Tidy metric rows of one run post-processed one way (``records``), with
     the paper's closed-form theory for ``raw``. ``paper``: the same run's
     raw records, whose non-null means define the keys the MSE of the mean is
     taken over (default ``records``)."""
-    f, m = _column(records, "frequency"), _column(records, "mean")
-    tf, tm = _column(records, "true_frequency"), _column(records, "true_mean")
-    paper_mean = _column(paper if paper is not None else records, "mean")
+    f, m = column(records, "frequency"), column(records, "mean")
+    tf, tm = column(records, "true_frequency"), column(records, "true_mean")
+    paper_mean = column(paper if paper is not None else records, "mean")
     is_raw = run_info.get("postprocess", RAW) == RAW
     theory = mechanism.theoretical_variance(n_users, tf, tm) if n_users and is_raw else None
     rows = []
@@ -222,8 +219,8 @@ def score(records: list[dict], mechanism, n_users: int, tops, run_info, paper: l
         add("mse_mean_found", f"top{t}", metrics.mse(m, tm, found))
     frequent = np.flatnonzero(tf >= 1.0 / max(len(records), 1))
     for what, est, truth in (("frequency", f, tf), ("mean", m, tm)):
-        lo, hi = _column(records, f"{what}_lo"), _column(records, f"{what}_hi")
-        se = _column(records, f"{what}_se")
+        lo, hi = column(records, f"{what}_lo"), column(records, f"{what}_hi")
+        se = column(records, f"{what}_se")
         for label, keys in (("all", np.arange(len(records))), (FREQUENT, frequent)):
             share, scored = metrics.interval_coverage(lo, hi, truth, keys)
             given = keys[np.isfinite(truth[keys]) & np.isfinite(est[keys])]

@@ -30,7 +30,9 @@ def _values(records, field):
     return [r.get(field) for r in records]
 
 
-def _arr(records, field):
+def column(records, field) -> np.ndarray:
+    """A numeric field of estimate records as floats, NaN where null (an
+    ``EstimateRecords``' own column: no dicts built)."""
     if isinstance(records, EstimateRecords):
         return records.column(field)
     return np.array([np.nan if r.get(field) is None else r[field] for r in records], dtype=np.float64)
@@ -41,8 +43,8 @@ def mse_summary(records: list[dict], top: int = 50) -> dict[str, float]:
     frequent (true frequency) keys (means: keys someone holds), the NCR of
     the estimated top set and the MSEs over the true-and-estimated top set
     (KSKV's metrics)."""
-    f, tf = _arr(records, "frequency"), _arr(records, "true_frequency")
-    m, tm = _arr(records, "mean"), _arr(records, "true_mean")
+    f, tf = column(records, "frequency"), column(records, "true_frequency")
+    m, tm = column(records, "mean"), column(records, "true_mean")
     top_idx = metrics.top_keys(tf, top)
     inter = metrics.top_t_intersection(tf, f, top)
     return {
@@ -90,8 +92,8 @@ def print_table(records: list[dict], rows: int = 10, out=None, rating_range=None
     the reports bound it no better than [-1, 1]; the status alongside).
     With ``rating_range`` the means are shown on the ratings' own scale."""
     out = out or sys.stdout
-    has_truth = bool(np.isfinite(_arr(records, "true_frequency")).any())
-    order = np.nan_to_num(_arr(records, "true_frequency" if has_truth else "frequency"), nan=0.0)
+    has_truth = bool(np.isfinite(column(records, "true_frequency")).any())
+    order = np.nan_to_num(column(records, "true_frequency" if has_truth else "frequency"), nan=0.0)
     ranked = [records[int(i)] for i in np.argsort(-order, kind="stable")[:rows]]   # only these become dicts
     if rating_range is not None:
         ranked = [{**r, "mean": r.get("mean_rating"), "mean_se": r.get("mean_rating_se"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import uuid
 from collections.abc import Mapping, Sequence
@@ -148,33 +149,19 @@ def write_estimate_table(fh, table, fmt: str) -> int:
     """Write ``table``'s records to the binary file ``fh`` as ``fmt``
     (byte for byte what ``WriteToText`` wrote for the text formats: a header
     line for CSV, one line per key); returns the number of records."""
-    written = 0
-
-    def counted(records):
-        nonlocal written
-        for r in records:
-            written += 1
-            yield r
-
+    records = table.records()
     if fmt == "avro":
-        fastavro.writer(fh, schemas.load(schemas.ESTIMATE), counted(table.records()), codec="deflate")
-        return written
+        fastavro.writer(fh, schemas.load(schemas.ESTIMATE), records, codec="deflate")
+        return len(table)
     if fmt == "jsonl":
-        lines = (json.dumps(r, sort_keys=False) for r in counted(table.records()))
+        lines = map(json.dumps, records)
     else:
         fields = schemas.ESTIMATE_FIELDS
         fh.write((",".join(fields) + "\n").encode("utf-8"))
-        lines = (_csv_line(r, fields) for r in counted(table.records()))
-    chunk = []
-    for line in lines:
-        chunk.append(line)
-        if len(chunk) == ESTIMATE_LINES_PER_WRITE:
-            fh.write(("\n".join(chunk) + "\n").encode("utf-8"))
-            chunk = []
-    if chunk:
+        lines = (_csv_line(r, fields) for r in records)
+    while chunk := list(itertools.islice(lines, ESTIMATE_LINES_PER_WRITE)):
         fh.write(("\n".join(chunk) + "\n").encode("utf-8"))
-    return written
-
+    return len(table)
 
 
 class _WriteEstimateTableFn(beam.DoFn):
