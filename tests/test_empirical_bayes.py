@@ -94,3 +94,21 @@ def test_the_hierarchical_posterior_shrinks_towards_the_pooled_mean_more_for_noi
     assert np.mean((mean[noisy] - theta[noisy]) ** 2) < 0.5 * np.mean((np.clip(y, -1, 1)[noisy] - theta[noisy]) ** 2)
     pull = np.abs(mean - np.clip(y, -1, 1)) / np.maximum(np.abs(np.clip(y, -1, 1) - 0.4), 1e-9)
     assert np.median(pull[noisy]) > 0.8 > 0.2 > np.median(pull[~noisy])
+
+
+def test_an_independent_mean_pins_the_prior_the_counts_cannot():
+    """Keys whose counts hardly separate a prior at 0 from one at 0.01 (noise
+    s.d. 0.05, the noise's draws summing below 0): without the mean
+    constraint the fit sits near 0; with an independent observation of the
+    mean (0.01 +- 0.0002) the prior's mean is that observation within
+    ``Z_FEW`` of its s.d."""
+    rng = np.random.default_rng(9)
+    truth = rng.exponential(0.01, 3000)
+    x = truth + rng.normal(0, 0.05, len(truth))
+    x -= x.mean() + 0.002                                  # a sum below 0, as a noisy large domain gives
+    grid = np.linspace(0.0, 0.2, 201)
+    loglik = _normal_loglik(x, grid, np.full(len(x), 0.05))
+    free = eb.fit_log_spline_prior(loglik, grid, 1e-4)
+    assert free @ grid < 0.005
+    pinned = eb.fit_log_spline_prior(loglik, grid, 1e-4, mean=eb.MeanConstraint(grid, 0.01, 0.0002 ** 2))
+    assert abs(pinned @ grid - 0.01) < Z_FEW * 0.0002

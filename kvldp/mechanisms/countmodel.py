@@ -92,7 +92,8 @@ class CountModel:
     ``l``; ``present``/``plus``: the symbol indices of the factorisation
     (``None``: the mechanism does not factorise); ``total``/``total_variance``:
     the estimated number of pairs per user that the frequencies add up to and
-    its variance (default: the sum of the raw frequencies)."""
+    its variance (default: the sum of the raw frequencies; given, it is
+    ``independent_total``, information the keys' counts do not hold)."""
 
     counts: np.ndarray
     holder_plus: np.ndarray
@@ -105,6 +106,7 @@ class CountModel:
     plus: int | None = None
     total: float | None = None
     total_variance: float | None = None
+    independent_total: bool = dataclasses.field(init=False, default=False)
 
     def __post_init__(self):
         counts = np.asarray(self.counts, dtype=np.float64)
@@ -125,6 +127,8 @@ class CountModel:
             if not np.allclose(self.holder_plus[list(present)].sum(axis=0),
                                self.holder_minus[list(present)].sum(axis=0)):
                 raise ValueError("a holder's chance of a present symbol must not depend on its value")
+        # a total given by the mechanism measures what the keys' counts do not
+        object.__setattr__(self, "independent_total", self.total is not None)
         if self.total is None:
             x = self.raw_frequency
             ok = self.totals > 0

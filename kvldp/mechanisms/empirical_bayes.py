@@ -77,17 +77,36 @@ def spline_basis(u: np.ndarray, df: int = SPLINE_DF) -> np.ndarray:
     return basis / (np.sqrt((basis ** 2).sum(axis=0)) + 1e-300)
 
 
+@dataclasses.dataclass(frozen=True)
+class MeanConstraint:
+    """An independent estimate of the prior's mean: ``target`` with variance
+    ``variance``, at grid values ``values`` (e.g. PCKV's total number of
+    pairs per user from its dummy keys, divided by ``d``)."""
+
+    values: np.ndarray
+    target: float
+    variance: float
+
+
 def fit_exponential_family_prior(loglik: np.ndarray, basis: np.ndarray, penalty: float = SPLINE_PENALTY,
-                                 carrier: np.ndarray | None = None) -> np.ndarray:
+                                 carrier: np.ndarray | None = None,
+                                 mean: MeanConstraint | None = None) -> np.ndarray:
     """``g_j ∝ carrier_j exp(basis_j alpha)`` maximising ``sum_k log sum_j
     l_kj g_j - penalty ||alpha||`` (L-BFGS; the gradient is
     ``sum_k (w_k. - g) basis`` with ``w_k.`` the posterior weights, Efron
     2016 eq. (3.3)). ``carrier`` (default uniform over the grid points): the
-    prior the penalty pulls towards where the reports cannot tell."""
+    prior the penalty pulls towards where the reports cannot tell. ``mean``:
+    an independent normal observation of ``E_g[theta]``, added to the
+    log-likelihood as ``-(E_g[theta] - target)^2 / (2 variance)`` (gradient
+    ``Cov_g(theta, basis)``), so a prior the keys' counts hardly tell apart
+    from "everything is 0" still adds up to the total the reports measure."""
     L = _scaled(loglik)
     Q = np.asarray(basis, dtype=np.float64)
     with np.errstate(divide="ignore"):
         log_carrier = np.zeros(Q.shape[0]) if carrier is None else np.log(np.asarray(carrier, dtype=np.float64))
+    if mean is not None:
+        values = np.asarray(mean.values, dtype=np.float64)
+        Q = np.hstack([Q, ((values - values.mean()) / (values.std() + 1e-300))[:, None]])   # lets the mean move
 
     def objective(alpha):
         eta = Q @ alpha + log_carrier
@@ -98,6 +117,10 @@ def fit_exponential_family_prior(loglik: np.ndarray, basis: np.ndarray, penalty:
         norm_a = np.sqrt(alpha @ alpha + 1e-12)
         value = float(np.log(mix).sum()) - penalty * norm_a
         grad = (w.sum(axis=0) - L.shape[0] * g) @ Q - penalty * alpha / norm_a
+        if mean is not None:
+            gap = float(g @ values) - mean.target
+            value -= gap * gap / (2 * mean.variance)
+            grad -= gap / mean.variance * (Q.T @ (g * (values - g @ values)))
         return -value, -grad
 
     result = minimize(objective, np.zeros(Q.shape[1]), jac=True, method="L-BFGS-B")
@@ -126,7 +149,8 @@ def gamma_carrier(grid: np.ndarray, mean: float, var: float) -> np.ndarray:
 
 
 def fit_log_spline_prior(loglik: np.ndarray, grid: np.ndarray, scale: float, df: int = SPLINE_DF,
-                         penalty: float = SPLINE_PENALTY, carrier: np.ndarray | None = None) -> np.ndarray:
+                         penalty: float = SPLINE_PENALTY, carrier: np.ndarray | None = None,
+                         mean: MeanConstraint | None = None) -> np.ndarray:
     """Efron's g-modelling prior over ``grid`` (module doc): splines in
     ``log(theta + scale)`` and an indicator of ``theta = 0`` when the grid
     starts at 0, times ``carrier``."""
@@ -136,7 +160,7 @@ def fit_log_spline_prior(loglik: np.ndarray, grid: np.ndarray, scale: float, df:
         spike = np.zeros((len(grid), 1))
         spike[0, 0] = 1.0
         basis = np.hstack([basis, spike])
-    return fit_exponential_family_prior(loglik, basis, penalty, carrier)
+    return fit_exponential_family_prior(loglik, basis, penalty, carrier, mean)
 
 
 def truncated_normal_weights(grid: np.ndarray, mu: float, tau: float) -> np.ndarray:
