@@ -13,7 +13,9 @@ no privacy. ``PostProcess`` names one, ``FREQ[+shrink]``:
   dummy keys of padding-and-sampling, else the sum of the raw estimates);
   ``eb`` -- empirical Bayes (``empirical_bayes.py``): the posterior mean
   under a log-spline prior fitted to all keys, with the exact binomial
-  likelihood of each key's count (``countmodel.py``);
+  likelihood of each key's count (``countmodel.py``) and, for PCKV and
+  KS-UE, the total their dummy keys measure as an observation of the
+  prior's mean;
 * ``shrink`` -- means by empirical Bayes shrinkage towards the pooled mean:
   a normal prior ``N(mu, tau^2)`` on ``[-1, 1]`` whose centre and spread
   are integrated over their posterior given all keys
@@ -23,6 +25,12 @@ no privacy. ``PostProcess`` names one, ``FREQ[+shrink]``:
   precision of its own reports (James–Stein / Efron–Morris). PrivKV's
   biased mean is modelled (the fake values are in the likelihood), so it is
   corrected as it is shrunk.
+
+Both empirical Bayes estimates are then limited-translated
+(:func:`limited_translation`): moved into the key's own 95 % interval where
+the prior pulled them outside it, so a key whose reports rule out the bulk
+of the others keeps an estimate they support, and no printed estimate lies
+outside its printed interval.
 
 The default, ``eb+shrink``, was chosen by measurement (``docs/postprocess.md``:
 five mechanisms x eps 0.5-4 on synthetic GG and Clothing): the smallest
