@@ -199,21 +199,6 @@ def test_estimates_without_standard_errors_keep_their_frequencies_for_eb():
     assert np.all(ns.frequency >= 0)
 
 
-@pytest.mark.parametrize("name", ["pckv-ue", "pckv-grr", "ks-ue", "kvue", "privkv", "privkvm"])
-def test_the_default_estimate_lies_inside_its_own_interval(name):
-    """Limited translation: the prior pulls an estimate at most to the edge
-    of the key's own 95 % interval, so a key whose reports rule out the
-    bulk of the others keeps an estimate they support."""
-    est, _, _ = _estimates(name, d=60, n=60_000, eps=1.0)
-    out = postprocess(est)
-    for value, lo, hi in (("frequency", "frequency_lo", "frequency_hi"), ("mean", "mean_lo", "mean_hi")):
-        x, a, b = getattr(out, value), getattr(out, lo), getattr(out, hi)
-        bounded = np.isfinite(x) & np.isfinite(a) & np.isfinite(b)
-        if name == "privkvm" and value == "mean":
-            continue                               # its biased means are left as the paper gives them
-        assert np.all((x[bounded] >= a[bounded] - 1e-12) & (x[bounded] <= b[bounded] + 1e-12)), value
-
-
 def _sparse_domain(d=1500, n=40_000, seed=0):
     """A Clothing-like domain: 1-3 pairs per user over Zipf(1.1)-popular keys
     (a few large keys, a long tail of tiny ones), ratings skewed high."""
@@ -232,9 +217,9 @@ def test_a_large_domain_whose_noise_sums_below_zero_keeps_its_total():
     frequencies sum to < 0 (their noise: 1,500 keys of s.d. 0.03). The
     dummy keys still measure the total ``T`` to +-0.03; the default's
     frequencies must not collapse to 0 (they did: sum 1e-5, every key
-    ~1e-8, each mean the centre of [-1, 1]): they keep at least half of
-    ``T``, at most a quarter of the paper's all-keys MSE, and the keys whose
-    own reports exclude 0 stay above 0."""
+    ~1e-8, each mean the centre of [-1, 1]): they add up to ``T`` within a
+    factor 2, and both all-keys MSEs stay below the paper's (a quarter for
+    the frequency, half for the mean)."""
     data = _sparse_domain()
     mech = registry.make("pckv-ue", data.d, 0.5, padding=2)
     res = run_local(mech, data, SimulationSeed(2))
@@ -243,9 +228,64 @@ def test_a_large_domain_whose_noise_sums_below_zero_keeps_its_total():
     assert np.nansum(est.frequency_raw) < 0                     # the case this test is about
     raw, out = postprocess_all(est, ["raw", DEFAULT])
     total = est.count_model.total
-    assert out.frequency.sum() > 0.5 * total
+    assert 0.5 * total < out.frequency.sum() < 2 * total
     assert metrics.mse(out.frequency, f) < 0.25 * metrics.mse(raw.frequency, f)
-    sure = out.frequency_lo > 0
-    assert sure.any() and np.all(out.frequency[sure] >= out.frequency_lo[sure])
     held = np.flatnonzero(np.isfinite(raw.mean) & np.isfinite(m))
     assert metrics.mse(out.mean, m, held) < 0.5 * metrics.mse(raw.mean, m, held)
+
+
+def test_a_large_sparse_domain_is_post_processed_in_bounded_memory():
+    """PCKV-GRR on 100,000 keys (30,000 users: most keys held by nobody):
+    the default's peak traced allocation stays under 64 MB (it was 1.2 GB at
+    60,000 keys: every key x every grid point, and x every candidate prior
+    of the mean), and the frequencies still add up to ``T`` within a factor 2."""
+    import tracemalloc
+
+    d = 100_000
+    mech = registry.make("pckv-grr", d, 2.0)
+    est = run_local(mech, SyntheticDataset("uu", n_users=30_000, d=d, seed=3), SimulationSeed(3)).estimates
+    tracemalloc.start()
+    try:
+        out = postprocess(est, DEFAULT)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 2 ** 20, peak
+    total = est.count_model.total
+    assert 0.5 * total < out.frequency.sum() < 2 * total
+
+
+@pytest.mark.parametrize("name", ["pckv-ue", "pckv-grr", "privkv"])
+def test_keys_with_equal_counts_share_one_posterior_computation(name):
+    """``_Fit.distinct`` computes each distinct likelihood once: the output
+    equals computing every key on its own (to float rounding)."""
+    from kvldp.mechanisms import postprocess as pp
+
+    est, _, _ = _estimates(name, d=2_000, n=5_000, eps=1.0, kind="uu")     # sparse: many equal counts
+    model = est.count_model
+    counts = np.stack([model.totals, model.present_counts, model.plus_counts], axis=1)
+    if name == "pckv-grr":                 # GRR's counts are small: most keys share theirs
+        assert len(np.unique(counts, axis=0)) < est.d / 4
+    shared = postprocess(est, DEFAULT)
+    original = pp._Fit.distinct
+    try:
+        pp._Fit.distinct = lambda self, index, split=False: (index, np.arange(len(index)))
+        alone = postprocess(est, DEFAULT)
+    finally:
+        pp._Fit.distinct = original
+    for field in ("frequency", "mean", "mean_lo", "mean_hi"):
+        np.testing.assert_allclose(getattr(shared, field), getattr(alone, field), rtol=1e-9, atol=1e-14)
+
+
+def test_the_fit_sample_keeps_the_largest_keys_and_stands_for_the_rest():
+    from kvldp.mechanisms.postprocess import fit_sample
+
+    x = np.random.default_rng(1).normal(size=50_000)
+    keys, weights = fit_sample(x, max_keys=5_000, top=500)
+    assert len(keys) == 5_000 and len(set(keys)) == 5_000
+    assert set(keys[:500]) == set(np.argsort(-x)[:500])
+    assert weights.sum() == pytest.approx(len(x))
+    np.testing.assert_array_equal(fit_sample(x, 5_000, 500)[0], keys)          # deterministic
+    small, ones = fit_sample(x[:100], max_keys=5_000)
+    np.testing.assert_array_equal(small, np.arange(100))
+    assert np.all(ones == 1)

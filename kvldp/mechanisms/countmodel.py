@@ -235,11 +235,15 @@ class CountModel:
         with np.errstate(divide="ignore", invalid="ignore"):
             return pi[self.plus] / pi[list(self.present)].sum(axis=0)
 
-    def frequency_loglik(self, grid) -> np.ndarray:
-        """``log P(S_k | f = grid_j)``, shape ``(d, J)`` (exact binomial)."""
-        grid = np.asarray(grid, dtype=np.float64)
-        P = self.present_probability(np.broadcast_to(grid, (self.d, len(grid))))
-        return binomial_loglik(self.present_counts[:, None], self.totals[:, None], P)
+    def frequency_loglik(self, grid, keys=None) -> np.ndarray:
+        """``log P(S_k | f = grid_j)`` for ``keys`` (indices; default every
+        key), shape ``(len(keys), J)`` (exact binomial)."""
+        self._require_factorised()
+        keys = np.arange(self.d) if keys is None else np.asarray(keys)
+        f = np.clip(np.asarray(grid, dtype=np.float64), 0.0, 1.0)[None, :]
+        hp, hm, h0 = (x[:, keys][:, :, None] for x in (self.holder_plus, self.holder_minus, self.non_holder))
+        P = mixture(hp, hm, h0, f, np.zeros_like(f), self.padding)[list(self.present)].sum(axis=0)
+        return binomial_loglik(self.present_counts[keys][:, None], self.totals[keys][:, None], P)
 
     @functools.cached_property
     def shared(self) -> bool:

@@ -89,8 +89,8 @@ class MeanConstraint:
 
 
 def fit_exponential_family_prior(loglik: np.ndarray, basis: np.ndarray, penalty: float = SPLINE_PENALTY,
-                                 carrier: np.ndarray | None = None,
-                                 mean: MeanConstraint | None = None) -> np.ndarray:
+                                 carrier: np.ndarray | None = None, mean: MeanConstraint | None = None,
+                                 key_weights: np.ndarray | None = None) -> np.ndarray:
     """``g_j ∝ carrier_j exp(basis_j alpha)`` maximising ``sum_k log sum_j
     l_kj g_j - penalty ||alpha||`` (L-BFGS; the gradient is
     ``sum_k (w_k. - g) basis`` with ``w_k.`` the posterior weights, Efron
@@ -99,8 +99,12 @@ def fit_exponential_family_prior(loglik: np.ndarray, basis: np.ndarray, penalty:
     an independent normal observation of ``E_g[theta]``, added to the
     log-likelihood as ``-(E_g[theta] - target)^2 / (2 variance)`` (gradient
     ``Cov_g(theta, basis)``), so a prior the keys' counts hardly tell apart
-    from "everything is 0" still adds up to the total the reports measure."""
+    from "everything is 0" still adds up to the total the reports measure.
+    ``key_weights``: each row's weight in the log-likelihood (a weighted
+    sample of a large domain's keys stands for all of them)."""
     L = _scaled(loglik)
+    kw = None if key_weights is None else np.asarray(key_weights, dtype=np.float64)
+    keys = L.shape[0] if kw is None else float(kw.sum())
     Q = np.asarray(basis, dtype=np.float64)
     with np.errstate(divide="ignore"):
         log_carrier = np.zeros(Q.shape[0]) if carrier is None else np.log(np.asarray(carrier, dtype=np.float64))
@@ -114,9 +118,11 @@ def fit_exponential_family_prior(loglik: np.ndarray, basis: np.ndarray, penalty:
         g /= g.sum()
         mix = np.maximum(L @ g, 1e-300)
         w = L * (g / 1.0)[None, :] / mix[:, None]
+        if kw is not None:
+            w *= kw[:, None]
         norm_a = np.sqrt(alpha @ alpha + 1e-12)
-        value = float(np.log(mix).sum()) - penalty * norm_a
-        grad = (w.sum(axis=0) - L.shape[0] * g) @ Q - penalty * alpha / norm_a
+        value = float(np.log(mix).sum() if kw is None else kw @ np.log(mix)) - penalty * norm_a
+        grad = (w.sum(axis=0) - keys * g) @ Q - penalty * alpha / norm_a
         if mean is not None:
             gap = float(g @ values) - mean.target
             value -= gap * gap / (2 * mean.variance)
@@ -150,7 +156,7 @@ def gamma_carrier(grid: np.ndarray, mean: float, var: float) -> np.ndarray:
 
 def fit_log_spline_prior(loglik: np.ndarray, grid: np.ndarray, scale: float, df: int = SPLINE_DF,
                          penalty: float = SPLINE_PENALTY, carrier: np.ndarray | None = None,
-                         mean: MeanConstraint | None = None) -> np.ndarray:
+                         mean: MeanConstraint | None = None, key_weights: np.ndarray | None = None) -> np.ndarray:
     """Efron's g-modelling prior over ``grid`` (module doc): splines in
     ``log(theta + scale)`` and an indicator of ``theta = 0`` when the grid
     starts at 0, times ``carrier``."""
@@ -160,7 +166,7 @@ def fit_log_spline_prior(loglik: np.ndarray, grid: np.ndarray, scale: float, df:
         spike = np.zeros((len(grid), 1))
         spike[0, 0] = 1.0
         basis = np.hstack([basis, spike])
-    return fit_exponential_family_prior(loglik, basis, penalty, carrier, mean)
+    return fit_exponential_family_prior(loglik, basis, penalty, carrier, mean, key_weights)
 
 
 def truncated_normal_weights(grid: np.ndarray, mu: float, tau: float) -> np.ndarray:
@@ -189,21 +195,54 @@ def hierarchical_normal_posterior(loglik: np.ndarray, grid: np.ndarray, mu_grid=
     maximum likelihood values but integrated over their posterior under a
     flat hyperprior on ``mu_grid`` x ``log tau_grid`` (hierarchical Bayes,
     Efron & Morris's "empirical Bayes with the prior's uncertainty"). Where
-    the keys pin ``(mu, tau)`` down this is :func:`fit_normal_prior`'s
-    posterior; where they hardly inform it (PrivKV's means at small
+    the keys pin ``(mu, tau)`` down this is the posterior under their maximum likelihood values;
+    where they hardly inform it (PrivKV's means at small
     epsilon) a spurious maximum does not decide every key's estimate.
-    ``prior`` of the result: the posterior-averaged prior."""
+    ``prior`` of the result: the posterior-averaged prior. The two halves,
+    for keys in chunks: :func:`normal_hyperposterior` and
+    :func:`hierarchical_weights`."""
+    hyper = normal_hyperposterior(loglik, grid, mu_grid=mu_grid, tau_grid=tau_grid)
+    return GridPosterior(np.asarray(grid, dtype=np.float64), hierarchical_weights(loglik, hyper),
+                         hyper.weights @ hyper.priors)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class HyperPosterior:
+    """The candidate priors ``(H, J)`` (one per ``(mu, tau)``) and their posterior weights ``(H,)``."""
+
+    priors: np.ndarray
+    weights: np.ndarray
+
+
+def normal_hyperposterior(loglik, grid: np.ndarray, key_weights: np.ndarray | None = None, mu_grid=HYPER_MU,
+                          tau_grid=HYPER_TAU, rows: int = 2_000) -> HyperPosterior:
+    """The posterior of ``(mu, tau)`` given every key's ``loglik`` over
+    ``grid`` (an array ``(d, J)``, or an iterable of row blocks of one),
+    each key's log marginal weighted by ``key_weights``; summed ``rows`` keys
+    at a time, so memory is ``rows x H`` whatever ``d``."""
     grid = np.asarray(grid, dtype=np.float64)
     priors = np.array([truncated_normal_weights(grid, mu, tau) for mu in mu_grid for tau in tau_grid])  # (H, J)
-    L = _scaled(loglik)                                        # (d, J), rows scaled by exp(-max)
-    mix = np.maximum(L @ priors.T, 1e-300)                    # (d, H)
-    log_h = np.log(mix).sum(axis=0)                           # marginal log-likelihood of each (mu, tau)
+    blocks = [loglik] if isinstance(loglik, np.ndarray) else loglik
+    log_h, done = np.zeros(len(priors)), 0
+    for block in blocks:
+        for start in range(0, len(block), rows):
+            L = _scaled(block[start:start + rows])                  # rows scaled by exp(-max)
+            log_mix = np.log(np.maximum(L @ priors.T, 1e-300))     # (rows, H)
+            if key_weights is None:
+                log_h += log_mix.sum(axis=0)
+            else:
+                log_h += np.asarray(key_weights[done + start:done + start + len(L)]) @ log_mix
+        done += len(block)
     hyper = np.exp(log_h - log_h.max())
-    hyper /= hyper.sum()
-    # P(theta_k = grid_j | data) = sum_h hyper_h L_kj prior_hj / mix_kh
-    weights = L * ((hyper[None, :] / mix) @ priors)
-    weights /= weights.sum(axis=1, keepdims=True)
-    return GridPosterior(grid, weights, hyper @ priors)
+    return HyperPosterior(priors, hyper / hyper.sum())
+
+
+def hierarchical_weights(loglik: np.ndarray, hyper: HyperPosterior) -> np.ndarray:
+    """``P(theta_k = grid_j | data) = sum_h hyper_h L_kj prior_hj / mix_kh`` for the rows of ``loglik``."""
+    L = _scaled(loglik)
+    mix = np.maximum(L @ hyper.priors.T, 1e-300)                 # (rows, H)
+    weights = L * ((hyper.weights[None, :] / mix) @ hyper.priors)
+    return weights / weights.sum(axis=1, keepdims=True)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

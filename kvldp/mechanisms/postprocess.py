@@ -26,11 +26,16 @@ no privacy. ``PostProcess`` names one, ``FREQ[+shrink]``:
   biased mean is modelled (the fake values are in the likelihood), so it is
   corrected as it is shrunk.
 
-Both empirical Bayes estimates are then limited-translated
-(:func:`limited_translation`): moved into the key's own 95 % interval where
-the prior pulled them outside it, so a key whose reports rule out the bulk
-of the others keeps an estimate they support, and no printed estimate lies
-outside its printed interval.
+An empirical Bayes estimate is the posterior mean, pulled towards the other
+keys; its interval (below) is from the key's own reports, so where the
+reports cannot tell a key from the bulk of the others (a large key among
+thousands of tiny ones at small epsilon) the estimate may lie below the
+interval. Moving it into the interval (Efron & Morris's limited
+translation) was measured and rejected: on a 60,000-key domain (PCKV-GRR,
+eps 2, 30,000 users, most keys held by nobody) 825 keys had a chance
+report or two that put their interval's lower end near 0.25; moved there,
+the frequencies summed to 224 instead of ~1.3 and the all-keys MSE rose
+from 9e-10 to 1e-3.
 
 The default, ``eb+shrink``, was chosen by measurement (``docs/postprocess.md``:
 five mechanisms x eps 0.5-4 on synthetic GG and Clothing): the smallest
@@ -83,7 +88,9 @@ MEAN_METHODS = (RAW, SHRINK)
 MEAN_GRID = np.linspace(-1.0, 1.0, 101)
 MAX_LINEAR_GRID = 300      # frequency grid: points of its linear part (steps of a quarter s.d.)
 GEOMETRIC_GRID = 150       # … and of its geometric part from 1/n (resolves tiny frequencies)
-CHUNK_CELLS = 4_000_000    # keys x f-grid x m-grid per chunk of the mean likelihood
+ROW_CELLS = 4_000_000      # keys x grid cells per block of a likelihood (32 MB of float64)
+MAX_FIT_KEYS = 20_000      # keys a prior is fitted to (fit_sample): all of a smaller domain
+TOP_FIT_KEYS = 2_000       # … of a larger one, these largest raw estimates and a weighted sample of the rest
 MIN_KEYS = 10              # fewer estimated keys: too few to fit a prior to, the estimates stay as they are
 CARRIER_MIN_CV = 0.1       # the frequency prior's carrier: coefficient of variation at least this (never a point mass)
 
@@ -182,11 +189,15 @@ def _with_wald(est: Estimates, spec: PostProcess, level: float) -> Estimates:
 
 
 class _Fit:
-    """The fitted priors and posteriors of one ``Estimates``, computed on demand."""
+    """The fitted priors and posteriors of one ``Estimates``, computed on
+    demand. Memory does not grow with ``d`` beyond a few arrays of length
+    ``d``: the priors are fitted to at most ``MAX_FIT_KEYS`` keys
+    (:func:`fit_sample`) and every per-key posterior is computed for
+    ``ROW_CELLS`` grid cells' worth of keys at a time."""
 
     def __init__(self, est: Estimates, model: CountModel | None, estimated: np.ndarray, level: float):
         self.est, self.model, self.ok, self.level = est, model, estimated, level
-        self._f_post = self._m = self._shrunk = self._f_int = self._m_int = None
+        self._grid = self._prior = self._f_mean = self._means = self._f_int = None
 
     # -- frequencies ------------------------------------------------------------
     def raw(self) -> np.ndarray:
@@ -226,41 +237,79 @@ class _Fit:
             if method == BASE_CUT:
                 out[eb] = consistency.base_cut(x[eb], self.sd_at_zero()[eb])
             else:
-                lo, hi = self.frequency_intervals()
-                out[eb] = limited_translation(self.frequency_posterior().mean, lo[eb], hi[eb])
+                out[eb] = self.frequency_posterior_mean()
         return out
 
     def frequency_grid(self) -> np.ndarray:
-        eb, x = self.eb, self.raw()
-        sd = self.sd_at_zero()[eb]
-        n = max(int(self.est.n_reports), 1)
-        hi = float(min(1.0, max(np.max(x[eb]), 0.0) + 5 * np.max(sd)))
-        hi = max(hi, 10.0 / n, 4 * np.min(sd))
-        step = max(np.min(sd) / 4, hi / MAX_LINEAR_GRID)
-        linear = np.arange(0.0, hi + step / 2, step)
-        geometric = np.geomspace(1.0 / n, hi, GEOMETRIC_GRID)
-        return np.unique(np.concatenate([[0.0], linear, geometric, [hi]]))
+        if self._grid is None:
+            eb, x = self.eb, self.raw()
+            sd = self.sd_at_zero()[eb]
+            n = max(int(self.est.n_reports), 1)
+            hi = float(min(1.0, max(np.max(x[eb]), 0.0) + 5 * np.max(sd)))
+            hi = max(hi, 10.0 / n, 4 * np.min(sd))
+            step = max(np.min(sd) / 4, hi / MAX_LINEAR_GRID)
+            linear = np.arange(0.0, hi + step / 2, step)
+            geometric = np.geomspace(1.0 / n, hi, GEOMETRIC_GRID)
+            self._grid = np.unique(np.concatenate([[0.0], linear, geometric, [hi]]))
+        return self._grid
 
-    def frequency_loglik(self, grid: np.ndarray) -> np.ndarray:
-        """``log P(reports of k | f = grid_j)`` for the keys of ``eb``: the
+    def frequency_loglik(self, index: np.ndarray) -> np.ndarray:
+        """``log P(reports of k | f = grid_j)`` for the keys ``index``: the
         count model's binomial, else a normal with the key's standard error."""
+        grid = self.frequency_grid()
         if self.model is not None:
-            return self.model.frequency_loglik(grid)[self.eb]
-        x = self.raw()[self.eb]
-        var = np.asarray(self.est.frequency_se, dtype=np.float64)[self.eb] ** 2
+            return self.model.frequency_loglik(grid, index)
+        x = self.raw()[index]
+        var = np.asarray(self.est.frequency_se, dtype=np.float64)[index] ** 2
         return -0.5 * (x[:, None] - grid[None, :]) ** 2 / var[:, None]
 
-    def frequency_posterior(self) -> empirical_bayes.GridPosterior:
-        """Posterior of the frequency of each key of ``eb`` under the fitted prior."""
-        if self._f_post is None:
+    def distinct(self, index: np.ndarray, split: bool = False):
+        """``(representatives, inverse)``: the keys ``index`` whose
+        likelihoods are one function -- a count model whose symbol
+        distributions every key shares, and equal counts ``(M_k, S_k)``, with
+        ``split`` also ``C_plus,k`` -- computed once (a large sparse domain
+        has a few hundred distinct counts among 10^6 keys), else every key."""
+        model = self.model
+        if model is None or not model.shared or len(index) == 0:
+            return index, np.arange(len(index))
+        columns = [model.totals[index], model.present_counts[index]] + ([model.plus_counts[index]] if split else [])
+        _, first, inverse = np.unique(np.stack(columns, axis=1), axis=0, return_index=True, return_inverse=True)
+        return index[first], inverse.ravel()
+
+    def _blocks(self, count: int, width: int):
+        """Slices of ``range(count)`` of at most ``ROW_CELLS // width`` rows."""
+        rows = max(1, ROW_CELLS // max(width, 1))
+        return (slice(start, min(start + rows, count)) for start in range(0, count, rows))
+
+    def frequency_prior(self) -> np.ndarray:
+        """The log-spline prior over ``frequency_grid``, fitted to the keys of
+        :func:`fit_sample` (all keys of a domain up to ``MAX_FIT_KEYS``),
+        each distinct likelihood once, weighted by the keys it stands for."""
+        if self._prior is None:
             grid = self.frequency_grid()
-            loglik = self.frequency_loglik(grid)
-            prior = empirical_bayes.fit_log_spline_prior(loglik, grid, 1.0 / max(int(self.est.n_reports), 1),
-                                                         carrier=self.frequency_carrier(grid),
-                                                         mean=self.mean_constraint(grid))
-            self._f_post = empirical_bayes.GridPosterior(grid, empirical_bayes.posterior_weights(loglik, prior),
-                                                         prior)
-        return self._f_post
+            index = np.flatnonzero(self.eb)
+            keys, weights = fit_sample(self.raw()[index])
+            rep, inverse = self.distinct(index[keys])
+            loglik = np.concatenate([self.frequency_loglik(rep[part]) for part in self._blocks(len(rep), len(grid))])
+            self._prior = empirical_bayes.fit_log_spline_prior(
+                loglik, grid, 1.0 / max(int(self.est.n_reports), 1), carrier=self.frequency_carrier(grid),
+                mean=self.mean_constraint(grid), key_weights=np.bincount(inverse, weights, minlength=len(rep)))
+        return self._prior
+
+    def frequency_weights(self, index: np.ndarray) -> np.ndarray:
+        """Posterior weights over ``frequency_grid`` of the keys ``index``."""
+        return empirical_bayes.posterior_weights(self.frequency_loglik(index), self.frequency_prior())
+
+    def frequency_posterior_mean(self) -> np.ndarray:
+        """Posterior mean of the frequency of each key of ``eb`` under the fitted prior."""
+        if self._f_mean is None:
+            grid = self.frequency_grid()
+            rep, inverse = self.distinct(np.flatnonzero(self.eb))
+            out = np.empty(len(rep))
+            for part in self._blocks(len(rep), len(grid)):
+                out[part] = self.frequency_weights(rep[part]) @ grid
+            self._f_mean = out[inverse]
+        return self._f_mean
 
     def mean_constraint(self, grid: np.ndarray) -> empirical_bayes.MeanConstraint | None:
         """The prior's mean as the mechanism's own total measures it (PCKV's
@@ -277,7 +326,7 @@ class _Fit:
     def frequency_carrier(self, grid: np.ndarray) -> np.ndarray:
         """The gamma distribution with the frequencies' deconvolved moments:
         mean ``T / d`` (``total``: for PCKV and KS-UE measured by the dummy
-        keys, else the sum of the raw estimates, floored at one user),
+        keys, else the sum of the raw estimates; floored at 1 / (n d)),
         variance ``var(x)`` minus the mean noise variance, the moment
         estimates of James–Stein's ``tau^2``, floored at a coefficient of
         variation of ``CARRIER_MIN_CV``. Where the reports cannot resolve the
@@ -285,7 +334,9 @@ class _Fit:
         near it rather than near the grid's uniform distribution."""
         eb = self.eb
         x = self.raw()[eb]
-        mean = max(self.total() / self.est.d, 1.0 / max(int(self.est.n_reports), 1))
+        # floored at one user of the whole domain: a domain larger than the
+        # number of users has most keys held by nobody, a mean below 1 / n
+        mean = max(self.total() / self.est.d, 1.0 / (max(int(self.est.n_reports), 1) * self.est.d))
         if self.model is not None:
             noise = float(np.mean(self.model.frequency_variance(np.full(self.est.d, mean))[eb]))
         else:
@@ -308,43 +359,55 @@ class _Fit:
         return np.where(self.ok, lo, np.nan), np.where(self.ok, hi, np.nan)
 
     # -- means ------------------------------------------------------------------
-    def mean_fit(self) -> np.ndarray:
-        """``log sum_j P(f_j | S_k) P(C_plus,k | S_k, f_j, m_i)``: each
-        estimated key's likelihood of its mean on ``MEAN_GRID``, the frequency
-        integrated over its posterior, ``(estimated keys, J_m)``."""
-        if self._m is None:
-            post = self.frequency_posterior()
-            grid, weights = post.grid, post.weights
-            keys = np.flatnonzero(self.ok)
-            live = post.prior > 1e-12 * post.prior.max()      # grid points the posterior can reach
-            grid, weights = grid[live], weights[:, live]
-            chunk = max(1, CHUNK_CELLS // (len(grid) * len(MEAN_GRID)))
-            integrated = np.empty((len(keys), len(MEAN_GRID)))
-            with np.errstate(divide="ignore"):
-                log_w = np.log(weights)
-            for start in range(0, len(keys), chunk):
-                part = slice(start, start + chunk)
-                split = self.model.split_loglik(keys[part], grid, MEAN_GRID)
-                integrated[part] = _logsumexp(log_w[part][:, :, None] + split, axis=1)
-            self._m = integrated
-        return self._m
+    def mean_loglik(self, index: np.ndarray) -> np.ndarray:
+        """``log sum_j P(f_j | S_k) P(C_plus,k | S_k, f_j, m_i)``: the
+        likelihood of the mean on ``MEAN_GRID`` of the keys ``index``, the
+        frequency integrated over its posterior, ``(len(index), J_m)``."""
+        grid, prior = self.frequency_grid(), self.frequency_prior()
+        live = prior > 1e-12 * prior.max()      # grid points the posterior can reach
+        with np.errstate(divide="ignore"):
+            log_w = np.log(self.frequency_weights(index)[:, live])
+        split = self.model.split_loglik(index, grid[live], MEAN_GRID)
+        return _logsumexp(log_w[:, :, None] + split, axis=1)
+
+    def _mean_blocks(self, index: np.ndarray):
+        """``mean_loglik`` of the keys ``index`` in blocks of ``ROW_CELLS`` cells."""
+        prior = self.frequency_prior()
+        live = int(np.sum(prior > 1e-12 * prior.max()))
+        for part in self._blocks(len(index), live * len(MEAN_GRID)):
+            yield self.mean_loglik(index[part])
+
+    def mean_outputs(self):
+        """``(shrunk mean, lo, hi)`` of the estimated keys: the hierarchical
+        prior fitted to the keys of :func:`fit_sample`, then every key's
+        posterior mean and likelihood-ratio interval, a block of distinct
+        likelihoods at a time."""
+        if self._means is None:
+            index = np.flatnonzero(self.ok)
+            keys, weights = fit_sample(self.raw()[index])
+            rep, inverse = self.distinct(index[keys], split=True)
+            hyper = empirical_bayes.normal_hyperposterior(
+                self._mean_blocks(rep), MEAN_GRID, key_weights=np.bincount(inverse, weights, minlength=len(rep)))
+            rep, inverse = self.distinct(index, split=True)
+            post, lo, hi = np.empty(len(rep)), np.empty(len(rep)), np.empty(len(rep))
+            done = 0
+            for block in self._mean_blocks(rep):
+                part = slice(done, done + len(block))
+                post[part] = empirical_bayes.hierarchical_weights(block, hyper) @ MEAN_GRID
+                lo[part], hi[part] = grid_intervals(block, MEAN_GRID, self.level)
+                done += len(block)
+            self._means = post[inverse], lo[inverse], hi[inverse]
+        return self._means
 
     def shrunk_mean(self):
         """``(mean, mean_status)`` after shrinkage."""
-        if self._shrunk is None:
-            self._shrunk = self._shrink()
-        return self._shrunk[0], self._shrunk[1].copy()
-
-    def _shrink(self):
         est = self.est
         status = est.mean_status.copy()
-        shrinkable = self.ok & np.isin(status, (STATUS_OK, STATUS_FREQUENCY_NOT_POSITIVE, STATUS_BIASED))
         if self.model is None:
             return self._shrunk_without_model(status)
-        post = empirical_bayes.hierarchical_normal_posterior(self.mean_fit(), MEAN_GRID).mean
-        lo, hi = self.mean_intervals()
+        shrinkable = self.ok & np.isin(status, (STATUS_OK, STATUS_FREQUENCY_NOT_POSITIVE, STATUS_BIASED))
         mean = np.full(est.d, np.nan)
-        mean[self.ok] = limited_translation(post, lo[self.ok], hi[self.ok])
+        mean[self.ok] = self.mean_outputs()[0]
         mean = np.where(shrinkable, mean, est.mean)
         status[shrinkable] = STATUS_OK
         return mean, status
@@ -359,37 +422,38 @@ class _Fit:
         return np.where(unbiased, np.clip(post.mean, -1.0, 1.0), est.mean), status
 
     def mean_intervals(self):
-        if self._m_int is None:
-            self._m_int = self._mean_intervals()
-        return self._m_int
-
-    def _mean_intervals(self):
         est = self.est
         if self.model is None:
-            lo, hi = wald_intervals(est.mean_raw, est.mean_se, -1.0, 1.0, self.level)
-            return lo, hi
-        integrated = self.mean_fit()
+            return wald_intervals(est.mean_raw, est.mean_se, -1.0, 1.0, self.level)
+        _, lo_ok, hi_ok = self.mean_outputs()
         lo, hi = np.full(est.d, np.nan), np.full(est.d, np.nan)
-        lo[self.ok], hi[self.ok] = grid_intervals(integrated, MEAN_GRID, self.level)
+        lo[self.ok], hi[self.ok] = lo_ok, hi_ok
         return lo, hi
 
 
-def limited_translation(posterior_mean: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """The empirical Bayes estimate moved into the key's own interval
-    ``[lo, hi]`` where it lies outside (NaN bounds: no limit).
-
-    Efron & Morris's limited translation ("Limiting the risk of Bayes and
-    empirical Bayes estimators", JASA 67(337), 1972): the prior may pull an
-    estimate only as far as the key's own reports allow, so a key whose
-    reports rule out the bulk of the others (a truly large key among
-    thousands of tiny ones) keeps an estimate its reports support, and the
-    printed estimate never lies outside the printed interval. The bound is
-    the 95 % likelihood-ratio interval (about 2 s.d. each side), where the
-    cost in ensemble MSE is small (``E[(|Z| - 1.96)_+^2] = 0.0066`` of a
-    noise variance for a key the prior would have set to 0)."""
-    lo = np.where(np.isfinite(lo), lo, -np.inf)
-    hi = np.where(np.isfinite(hi), hi, np.inf)
-    return np.where(np.isfinite(posterior_mean), np.clip(posterior_mean, lo, hi), posterior_mean)
+def fit_sample(x: np.ndarray, max_keys: int | None = None, top: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The keys a prior is fitted to, as indices into ``x`` (their raw
+    estimates), and each one's weight: every key when there are at most
+    ``max_keys`` (``MAX_FIT_KEYS``); else the ``top`` (``TOP_FIT_KEYS``)
+    largest, weight 1 -- the few large keys a sparse domain's prior must not
+    lose -- and a systematic sample of the rest in the order of their
+    estimates, each standing for ``rest / sampled`` keys (a stratified
+    sample across the estimates' distribution; deterministic, so a rerun
+    gives the same estimates). The weighted log-likelihood estimates the
+    full one without bias, and ``MAX_FIT_KEYS`` keys pin a prior down far
+    more precisely than any one key's reports do."""
+    max_keys = MAX_FIT_KEYS if max_keys is None else int(max_keys)
+    top = TOP_FIT_KEYS if top is None else int(top)
+    count = len(x)
+    if count <= max_keys:
+        return np.arange(count), np.ones(count)
+    order = np.argsort(-np.asarray(x, dtype=np.float64), kind="stable")
+    head, rest = order[:top], order[top:]
+    sampled = max_keys - top
+    pick = rest[np.round(np.linspace(0, len(rest) - 1, sampled)).astype(np.int64)]
+    keys = np.concatenate([head, pick])
+    weights = np.concatenate([np.ones(top), np.full(sampled, len(rest) / sampled)])
+    return keys, weights
 
 
 def _logsumexp(a: np.ndarray, axis: int) -> np.ndarray:
