@@ -66,6 +66,12 @@ def _interval(r, what: str, digits: int) -> str:
     return f"[{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
+def _outside(r, what: str) -> bool:
+    """The record's ``what`` estimate lies outside its own interval (empirical Bayes pulled it)."""
+    x, lo, hi = r.get(what), r.get(f"{what}_lo"), r.get(f"{what}_hi")
+    return None not in (x, lo, hi) and not lo - 1e-12 <= x <= hi + 1e-12
+
+
 def scale_text(rating_range) -> str:
     lo, hi = rating_range
     return f"{lo:g}-{hi:g}"
@@ -111,6 +117,7 @@ def print_table(records: list[dict], rows: int = 10, out=None, rating_range=None
         f, m = _num(r.get("frequency"), 9, 5), _num(r.get("mean"), 8, 4)
         fi, mi = _interval(r, "frequency", 5), _interval(r, "mean", 3)
         status = [s for s in (r.get("frequency_status"), r.get("mean_status")) if s not in (None, "ok")]
+        status += ["pulled"] if _outside(r, "frequency") or _outside(r, "mean") else []
         notes.update(status)
         tail = f"  ({', '.join(dict.fromkeys(status))})" if status else ""
         if has_truth:
@@ -123,6 +130,10 @@ def print_table(records: list[dict], rows: int = 10, out=None, rating_range=None
     if "biased" in notes:
         print("biased: this mechanism's mean estimator is biased (fake values of non-holders pull it), so it "
               "has no standard error", file=out)
+    if "pulled" in notes:
+        print("pulled: the estimate lies outside the key's own interval: its reports alone put it there, but "
+              "among this many keys reports like these are mostly noise, so empirical Bayes pulls the estimate "
+              "towards the other keys (--postprocess raw prints the paper's estimate)", file=out)
     if "uninformative" in notes:
         print("uninformative: the key's reports do not bound its mean more tightly than [-1, 1]; the estimate "
               "is mostly the pooled mean of the other keys", file=out)

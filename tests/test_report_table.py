@@ -1,0 +1,30 @@
+"""The printed table of ``simulate``/``collect`` (``report.print_table``):
+statuses next to the rows they concern, and a footer that explains them."""
+from __future__ import annotations
+
+import io
+
+from kvldp.pipelines.report import print_table
+
+
+def _record(key, f, lo, hi, m=0.5, m_lo=0.2, m_hi=0.8, status="ok"):
+    return {"key": key, "frequency": f, "frequency_lo": lo, "frequency_hi": hi, "mean": m, "mean_lo": m_lo,
+            "mean_hi": m_hi, "frequency_status": "ok", "mean_status": status, "postprocess": "eb+shrink",
+            "true_frequency": None, "true_mean": None}
+
+
+def test_an_estimate_outside_its_own_interval_is_marked_pulled_and_explained():
+    out = io.StringIO()
+    print_table([_record("a", 0.0004, 0.016, 0.047), _record("b", 0.02, 0.01, 0.03),
+                 _record("c", 0.01, 0.0, 0.02, m=0.9, m_lo=-0.5, m_hi=0.4)], out=out)
+    lines = out.getvalue().splitlines()
+    row = {line.split()[0]: line for line in lines if line.split() and line.split()[0] in "abc"}
+    assert row["a"].endswith("(pulled)") and row["c"].endswith("(pulled)")
+    assert "pulled" not in row["b"]
+    assert any(line.startswith("pulled: the estimate lies outside the key's own interval") for line in lines)
+
+
+def test_no_footer_for_a_status_no_row_has():
+    out = io.StringIO()
+    print_table([_record("a", 0.02, 0.01, 0.03)], out=out)
+    assert "pulled" not in out.getvalue() and "uninformative:" not in out.getvalue()
