@@ -105,3 +105,23 @@ def test_a_long_job_prints_its_progress(tmp_path, capsys, monkeypatch):
     lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("[")]
     counts = [int(re.search(r"users perturbed ([\d,]+)", x).group(1).replace(",", "")) for x in lines]
     assert counts and counts == sorted(counts) and 0 < counts[-1] <= 3_000_000, lines
+
+
+def test_results_whose_repeats_are_all_equal_plot(tmp_path):
+    """Equal values in every repeat (Base-Cut setting every key to 0 gives
+    the same MSE each time): their float mean can fall an ulp outside them
+    (0.1 x 3 -> 0.10000000000000002), which matplotlib's error bars refused,
+    failing ``evaluate`` after its whole sweep had run."""
+    import csv
+
+    path = tmp_path / "results.csv"
+    with open(path, "w", newline="") as fh:
+        out = csv.writer(fh)
+        out.writerow(["mechanism", "epsilon", "repeat", "postprocess", "metric", "key_set", "value", "theory",
+                      "dataset"])
+        for eps in (1.0, 2.0):
+            for repeat in range(3):
+                out.writerow(["pckv-ue", eps, repeat, "base-cut", "mse_frequency", "all", 0.1, "", "x"])
+                out.writerow(["pckv-ue", eps, repeat, "raw", "mse_frequency", "all", 0.3 + repeat, "", "x"])
+    pngs = figures.plot_results(path, tmp_path)
+    assert pngs and all(p.exists() and p.stat().st_size > 0 for p in pngs)

@@ -67,7 +67,10 @@ def _series(rows, metric, key_set):
         vals = [r["value"] for r in rs if r["value"] == r["value"]]
         th = [r["theory"] for r in rs if r["theory"] is not None]
         if vals:
-            out[mech].append((eps, sum(vals) / len(vals), min(vals), max(vals), sum(th) / len(th) if th else None))
+            # a float mean of equal values can fall an ulp outside them (0.1 x 3 -> 0.10000000000000002),
+            # and matplotlib refuses a negative error bar
+            mean = min(max(sum(vals) / len(vals), min(vals)), max(vals))
+            out[mech].append((eps, mean, min(vals), max(vals), sum(th) / len(th) if th else None))
     return out
 
 
