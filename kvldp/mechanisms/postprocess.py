@@ -39,9 +39,9 @@ from 9e-10 to 1e-3.
 
 The default, ``eb+shrink``, was chosen by measurement (``docs/postprocess.md``:
 five mechanisms x eps 0.5-4 on synthetic GG and Clothing): the smallest
-all-keys MSE of frequency of these methods in 34 of the 40 cells, a smaller
+all-keys MSE of frequency of these methods in 37 of the 40 cells, a smaller
 MSE of the mean than the paper's in 37, never worse than the paper's at
-eps = 4.
+eps = 4 (20 repeats of each).
 
 Every post-processed output carries 95 % intervals ``frequency_lo/hi``,
 ``mean_lo/hi`` that do not depend on the post-processing: the
