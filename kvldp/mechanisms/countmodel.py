@@ -50,7 +50,7 @@ from collections.abc import Callable
 import numpy as np
 from scipy.special import gammaln
 
-from .variance import multinomial_delta_variance
+from .variance import mixture, multinomial_delta_variance
 
 
 def _symbols(x, d: int) -> np.ndarray:
@@ -71,13 +71,6 @@ def binomial_loglik(successes, trials, probability, constant: bool = True) -> np
         if constant:
             out = out + gammaln(t + 1) - gammaln(s + 1) - gammaln(t - s + 1)
     return np.where(np.isnan(out), -np.inf, out)
-
-
-def mixture(holder_plus, holder_minus, non_holder, f, m, padding: int = 1) -> np.ndarray:
-    """``s (1+m)/2 h+ + s (1-m)/2 h- + (1-s) h0`` with ``s = f/padding``
-    (the symbol axis first in the ``h``, broadcast against ``f`` and ``m``)."""
-    s = f / padding
-    return s * (1 + m) / 2 * holder_plus + s * (1 - m) / 2 * holder_minus + (1 - s) * non_holder
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -160,17 +153,20 @@ class CountModel:
             return np.where(self.totals > 0, self.frequency_of(self.counts), np.nan)
 
     # -- the mixture --------------------------------------------------------------
-    def probabilities(self, f, m) -> np.ndarray:
+    def probabilities(self, f, m, keys=None) -> np.ndarray:
         """``pi_k(f, m)``, shape ``(c,) + f.shape``; ``f``, ``m`` of shape
-        ``(d,)`` or ``(d, J…)`` (values per key), clipped into ``[0, 1]`` and
-        ``[-1, 1]``."""
+        ``(K,)`` or ``(K, J…)`` (values per key) for the ``K`` keys ``keys``
+        (indices; default every key), clipped into ``[0, 1]`` and ``[-1, 1]``."""
         f = np.clip(np.nan_to_num(np.asarray(f, dtype=np.float64)), 0.0, 1.0)
         m = np.clip(np.nan_to_num(np.asarray(m, dtype=np.float64)), -1.0, 1.0)
         f, m = np.broadcast_arrays(f, m)
-        if f.shape[0] != self.d:
-            raise ValueError(f"parameters for {f.shape[0]} keys, the model has {self.d}")
+        dists = (self.holder_plus, self.holder_minus, self.non_holder)
+        if keys is not None:
+            dists = tuple(x[:, keys] for x in dists)
+        if f.shape[0] != dists[0].shape[1]:
+            raise ValueError(f"parameters for {f.shape[0]} keys, the model has {dists[0].shape[1]}")
         extra = (1,) * (f.ndim - 1)
-        hp, hm, h0 = (x.reshape(x.shape + extra) for x in (self.holder_plus, self.holder_minus, self.non_holder))
+        hp, hm, h0 = (x.reshape(x.shape + extra) for x in dists)
         return mixture(hp, hm, h0, f, m, self.padding)
 
     def expected(self, f, m) -> np.ndarray:
@@ -240,9 +236,8 @@ class CountModel:
         key), shape ``(len(keys), J)`` (exact binomial)."""
         self._require_factorised()
         keys = np.arange(self.d) if keys is None else np.asarray(keys)
-        f = np.clip(np.asarray(grid, dtype=np.float64), 0.0, 1.0)[None, :]
-        hp, hm, h0 = (x[:, keys][:, :, None] for x in (self.holder_plus, self.holder_minus, self.non_holder))
-        P = mixture(hp, hm, h0, f, np.zeros_like(f), self.padding)[list(self.present)].sum(axis=0)
+        f = np.broadcast_to(np.asarray(grid, dtype=np.float64), (len(keys), len(grid)))
+        P = self.probabilities(f, 0.0, keys)[list(self.present)].sum(axis=0)
         return binomial_loglik(self.present_counts[keys][:, None], self.totals[keys][:, None], P)
 
     @functools.cached_property

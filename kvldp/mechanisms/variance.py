@@ -59,6 +59,13 @@ def multinomial_delta_variance(estimator: Callable[[np.ndarray], np.ndarray], co
     return np.where(np.isfinite(var) & (total > 0), np.maximum(var, 0.0), np.nan)
 
 
+def mixture(holder_plus, holder_minus, non_holder, f, m, padding: int = 1) -> np.ndarray:
+    """``s (1+m)/2 h+ + s (1-m)/2 h- + (1-s) h0`` with ``s = f/padding``
+    (the symbol axis first in the ``h``, broadcast against ``f`` and ``m``)."""
+    s = f / padding
+    return s * (1 + m) / 2 * holder_plus + s * (1 - m) / 2 * holder_minus + (1 - s) * non_holder
+
+
 def mixture_probabilities(f, m, holder_plus: np.ndarray, holder_minus: np.ndarray,
                           non_holder: np.ndarray) -> np.ndarray:
     """Report distribution ``(c, d)`` of a sampled key's reports when a share
@@ -69,5 +76,4 @@ def mixture_probabilities(f, m, holder_plus: np.ndarray, holder_minus: np.ndarra
     f = np.clip(np.nan_to_num(np.asarray(f, dtype=np.float64)), 0.0, 1.0)
     m = np.clip(np.nan_to_num(np.asarray(m, dtype=np.float64)), -1.0, 1.0)
     col = lambda x: np.asarray(x, dtype=np.float64).reshape(len(x), -1)   # noqa: E731
-    return (f * (1 + m) / 2 * col(holder_plus) + f * (1 - m) / 2 * col(holder_minus)
-            + (1 - f) * col(non_holder))
+    return mixture(col(holder_plus), col(holder_minus), col(non_holder), f, m)
