@@ -24,6 +24,7 @@ from unconditional ones.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -55,25 +56,8 @@ class SyntheticDataset(Dataset):
         if self.n_users < 1 or self.d < 1:
             raise ValueError("need at least one user and one key")
         self.name = f"synthetic-{self.kind}"
-        rng = batch_rng(self.seed, 0, STREAM_DATA_SETUP)
-        if self.kind == "gg":
-            edges = np.arange(self.d + 1) / self.sigma_key
-            cdf = np.array([math.erf(e / math.sqrt(2)) for e in edges])
-            self.key_probs = np.diff(cdf) / (cdf[-1] - cdf[0])
-            self.key_means = _truncated_normal(rng, self.sigma_mean, self.d)
-        elif self.kind == "uu":
-            self.key_probs = np.full(self.d, 1.0 / self.d)
-            self.key_means = rng.uniform(-1.0, 1.0, self.d)
-        elif self.kind == "multi":
-            w = 1.0 / np.arange(1, self.d + 1) ** self.zipf
-            self.key_probs = w / w.sum()
-            self.key_means = rng.uniform(-1.0, 1.0, self.d)
-        else:
-            self.class_weights = rng.dirichlet(np.full(self.classes, 2.0))
-            self.class_hold = rng.beta(0.7, 2.0, size=(self.classes, self.d))
-            self.class_means = rng.uniform(-1.0, 1.0, size=(self.classes, self.d))
-            self.key_probs = self.class_weights @ self.class_hold
-            self.key_means = (self.class_weights[:, None] * self.class_hold * self.class_means).sum(0) / self.key_probs
+        self.__dict__.update(_key_parameters(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                                                if f.name != "n_users"}))
         self.default_padding = 1 if self.kind in ("uu", "gg") else 2
 
     # Pickled as its parameters: the per-key arrays are a pure function of
@@ -137,3 +121,31 @@ def _truncated_normal(rng, sigma, size):
     return out[:size]
 
 
+@functools.lru_cache(maxsize=4)
+def _key_parameters(kind, d, seed, sigma_key, sigma_mean, lam, zipf, spread, classes) -> dict[str, np.ndarray]:
+    """The per-key arrays of a dataset (``key_probs``, ``key_means``; ``corr``:
+    the class model), read-only and shared by every copy of it in a process:
+    Beam unpickles one copy per stage, which held ~9 copies of 16 MB at d = 10^6."""
+    rng = batch_rng(seed, 0, STREAM_DATA_SETUP)
+    out = {}
+    if kind == "gg":
+        edges = np.arange(d + 1) / sigma_key
+        cdf = np.array([math.erf(e / math.sqrt(2)) for e in edges])
+        out["key_probs"] = np.diff(cdf) / (cdf[-1] - cdf[0])
+        out["key_means"] = _truncated_normal(rng, sigma_mean, d)
+    elif kind == "uu":
+        out["key_probs"] = np.full(d, 1.0 / d)
+        out["key_means"] = rng.uniform(-1.0, 1.0, d)
+    elif kind == "multi":
+        w = 1.0 / np.arange(1, d + 1) ** zipf
+        out["key_probs"] = w / w.sum()
+        out["key_means"] = rng.uniform(-1.0, 1.0, d)
+    else:
+        weights = rng.dirichlet(np.full(classes, 2.0))
+        hold = rng.beta(0.7, 2.0, size=(classes, d))
+        means = rng.uniform(-1.0, 1.0, size=(classes, d))
+        out.update(class_weights=weights, class_hold=hold, class_means=means, key_probs=weights @ hold,
+                   key_means=(weights[:, None] * hold * means).sum(0) / (weights @ hold))
+    for array in out.values():
+        array.flags.writeable = False
+    return out

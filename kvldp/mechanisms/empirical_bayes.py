@@ -39,8 +39,6 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from scipy.interpolate import BSpline
-from scipy.optimize import minimize
 from scipy.special import gammainc
 
 SPLINE_DF = 12            # log-spline prior: degrees of freedom of the B-spline basis
@@ -72,6 +70,8 @@ def spline_basis(u: np.ndarray, df: int = SPLINE_DF) -> np.ndarray:
     df = max(int(df), k + 1)
     inner = np.linspace(lo, hi, df - k + 1)[1:-1]
     knots = np.concatenate([[lo] * (k + 1), inner, [hi] * (k + 1)])
+    # imported here: scipy.interpolate and scipy.optimize cost every command 0.2 s, and only a fitted prior uses them
+    from scipy.interpolate import BSpline
     basis = BSpline.design_matrix(np.clip(u, lo, np.nextafter(hi, lo)), knots, k).toarray()
     basis -= basis.mean(axis=0)
     return basis / (np.sqrt((basis ** 2).sum(axis=0)) + 1e-300)
@@ -129,6 +129,7 @@ def fit_exponential_family_prior(loglik: np.ndarray, basis: np.ndarray, penalty:
             grad -= gap / mean.variance * (Q.T @ (g * (values - g @ values)))
         return -value, -grad
 
+    from scipy.optimize import minimize  # imported here: see spline_basis
     result = minimize(objective, np.zeros(Q.shape[1]), jac=True, method="L-BFGS-B")
     eta = Q @ result.x + log_carrier
     g = np.exp(eta - eta.max())

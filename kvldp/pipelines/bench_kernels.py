@@ -12,7 +12,8 @@ cost of kvldp's code and not of its noise. kvldp's kernels are
 whole command in a process of its own (imports included), next to kvldp's
 whole ``simulate`` command of the mechanism built on that oracle
 (PCKV-GRR on GRR, PCKV-UE on OUE: key-value work, strictly more than a
-frequency oracle's).
+frequency oracle's), once with the paper's raw estimator (what the peers
+output) and once with the default post-processing.
 """
 from __future__ import annotations
 
@@ -151,11 +152,14 @@ def peers(sizes=(100_000, 1_000_000), d: int = 100, eps: float = 4.0, seed: int 
     scratch = tempfile.mkdtemp(prefix="kvldp-peers-")
     for oracle, mechanism in ON_ORACLE.items():
         for n in sizes:
-            seconds, error = timed_command([sys.executable, "-m", "kvldp.pipelines.cli", "simulate", "--mechanism",
-                                            mechanism, "--epsilon", f"{eps:g}", "--users", str(n), "--keys", str(d),
-                                            "--seed", str(seed), "--output", f"{scratch}/e.jsonl"])
-            rows.append({"who": f"kvldp {mechanism} (beam)", "oracle": oracle, "users": n, "seconds": seconds,
-                         "error": error})
+            # raw: the paper's estimator, what the peers output; the default adds empirical-Bayes post-processing
+            for method in ("raw", "eb+shrink"):
+                seconds, error = timed_command([sys.executable, "-m", "kvldp.pipelines.cli", "simulate",
+                                                "--mechanism", mechanism, "--epsilon", f"{eps:g}", "--users", str(n),
+                                                "--keys", str(d), "--seed", str(seed), "--postprocess", method,
+                                                "--output", f"{scratch}/e.jsonl"])
+                rows.append({"who": f"kvldp {mechanism} (beam, {method})", "oracle": oracle, "users": n,
+                             "seconds": seconds, "error": error})
             for peer in installed_peers():
                 body = PEER_SCRIPTS[(peer, oracle)].format(eps=eps, d=d)
                 script = (f"import numpy as np\ndata = np.random.default_rng({seed}).integers(0, {d}, size={n})\n"

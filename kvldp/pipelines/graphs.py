@@ -5,6 +5,7 @@ import json
 from collections.abc import Sequence
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.pvalue import AsSingleton
 
 from kvldp import schemas
@@ -44,7 +45,7 @@ def to_records(est: Estimates, key_names: Sequence[str], truth=None, keys: Seque
 def truth_sum(users, d: int):
     """``users -> [n, holders[d], value sums[d]]`` summed (simulations only)."""
     return (users
-            | "TruthCounts" >> beam.Map(truth_counts, d)
+            | "TruthCounts" >> beam.Map(truth_counts, d).with_output_types(np.ndarray)
             | "SumTruth" >> beam.CombineGlobally(ArraySumCombineFn(1 + 2 * d)))
 
 
@@ -61,9 +62,9 @@ def records_of(state, protocol: Protocol, key_names, truth=None, method: str = R
     never d elements in the runner."""
     extra = [] if truth is None else [AsSingleton(truth)]
     return (state
-            | "Estimates" >> beam.Map(final_estimates, protocol, method)
+            | "Estimates" >> beam.Map(final_estimates, protocol, method).with_output_types(Estimates)
             | "ToTable" >> beam.Map(to_table, AsSingleton(key_names), *extra, keys=protocol.estimate_keys,
-                                      rating_range=rating_range))
+                                      rating_range=rating_range).with_output_types(EstimateTable))
 
 
 def simulate_graph(users, protocol: Protocol, seed: int, key_names, fanout: int | None = None, truth: bool = True,

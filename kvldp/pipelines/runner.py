@@ -47,6 +47,24 @@ class _InMemoryWorkersNotice(logging.Filter):
 logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner").addFilter(_InMemoryWorkersNotice())
 
 
+class JobOptions(PipelineOptions):
+    """``PipelineOptions`` whose views are made once per options class.
+
+    Beam calls ``options.view_as(...)`` ~240 times while it builds a kvldp
+    graph and ~100 more to run it, and each call builds an argparse parser
+    and parses the flags again (0.5 ms): half the graph's construction time
+    (0.12 -> 0.05 s) and ~0.05 s of the run, on every job. A view holds no
+    state of its own -- every view reads and writes the one ``_all_options``
+    (Beam's BEAM-6942) -- so the same view object can be handed out again.
+    """
+
+    def view_as(self, cls):
+        views = self.__dict__.setdefault("_views", {})
+        if cls not in views:
+            views[cls] = super().view_as(cls)
+        return views[cls]
+
+
 def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
     """A pipeline with every Beam option passed through.
 
@@ -59,7 +77,7 @@ def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
     silently lost batches (``shared/repro/beam_timed_flush.py``). A user who
     asks for it gets it, with a warning.
     """
-    options = PipelineOptions(list(beam_args))
+    options = JobOptions(list(beam_args))
     if options.view_as(StandardOptions).runner is not None:
         return beam.Pipeline(options=options)
     if options.view_as(StandardOptions).streaming:

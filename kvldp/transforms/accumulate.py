@@ -11,10 +11,13 @@ from __future__ import annotations
 import apache_beam as beam
 import numpy as np
 
-from kvldp.mechanisms.protocol import Protocol
+from kvldp.mechanisms.base import Estimates
+from kvldp.mechanisms.protocol import Protocol, ProtocolState
+from kvldp.transforms.coders import ArrayPayloadCoder
 from kvldp.transforms.perturb import state_arg
 
 
+@beam.typehints.with_output_types(np.ndarray)
 class RoundCombineFn(beam.CombineFn):
     """Round ``round_index``'s reports -> its count array."""
 
@@ -34,7 +37,11 @@ class RoundCombineFn(beam.CombineFn):
     def extract_output(self, counts):
         return counts
 
+    def get_accumulator_coder(self):
+        return ArrayPayloadCoder()
 
+
+@beam.typehints.with_output_types(np.ndarray)
 class ArraySumCombineFn(beam.CombineFn):
     """Element-wise sum of equally long NumPy arrays (truth statistics)."""
 
@@ -56,6 +63,9 @@ class ArraySumCombineFn(beam.CombineFn):
 
     def extract_output(self, acc):
         return acc
+
+    def get_accumulator_coder(self):
+        return ArrayPayloadCoder()
 
 
 class Accumulate(beam.PTransform):
@@ -95,7 +105,8 @@ class Advance(beam.PTransform):
         self._previous = protocol.initial_state() if previous is None else previous
 
     def expand(self, counts):
-        return counts | "NextState" >> beam.Map(next_state, state_arg(self._previous), self._protocol, self._round)
+        return counts | "NextState" >> (beam.Map(next_state, state_arg(self._previous), self._protocol, self._round)
+                                        .with_output_types(ProtocolState))
 
 
 class Calibrate(beam.PTransform):
@@ -109,4 +120,4 @@ class Calibrate(beam.PTransform):
     def expand(self, counts):
         return (counts
                 | "Advance" >> Advance(self._protocol, self._round, self._previous)
-                | "Estimates" >> beam.Map(self._protocol.estimates))
+                | "Estimates" >> beam.Map(self._protocol.estimates).with_output_types(Estimates))

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import apache_beam as beam
 
+from kvldp.datasets.base import NumberedKeys
+
 
 class CreateKeyNames(beam.PTransform):
     """``pbegin -> [names]``: one element, the dictionary's item ids in key
@@ -14,7 +16,9 @@ class CreateKeyNames(beam.PTransform):
 
     def __init__(self, names: Sequence[str], label: str | None = None):
         super().__init__(label)
-        self._names = list(names)
+        # numbered names stay a recipe (pickled as d): a list would cost every stage that reads it d strings
+        self._names = names if isinstance(names, NumberedKeys) else list(names)
 
     def expand(self, pbegin):
-        return pbegin | "Create" >> beam.Create([self._names]).with_output_types(list[str])
+        kind = NumberedKeys if isinstance(self._names, NumberedKeys) else list[str]
+        return pbegin | "Create" >> beam.Create([self._names]).with_output_types(kind)

@@ -12,14 +12,16 @@ from __future__ import annotations
 import apache_beam as beam
 from apache_beam.pvalue import AsSingleton
 
-from kvldp.mechanisms.base import UserBatch
+from kvldp.mechanisms.base import Reports, UserBatch
 from kvldp.mechanisms.ledger import LedgerGate
 from kvldp.mechanisms.protocol import Protocol, ProtocolState
 from kvldp.mechanisms.randomness import batch_rng
 from kvldp.transforms import tally
+from kvldp.transforms.coders import ArrayPayloadCoder  # noqa: F401  (registers the coders)
 from kvldp.transforms.context import element_context
 
 
+@beam.typehints.with_output_types(Reports)
 class PerturbFn(beam.DoFn):
     """``UserBatch`` -> round ``round_index``'s reports of the round's
     participants, with ``batch_rng(seed, batch_id, round)`` (nothing once the
