@@ -166,7 +166,13 @@ class ArrayPayloadCoder(coders.Coder):
         return hash(type(self))
 
 
+def register_payload_type(kind: type) -> type:
+    """Use ``ArrayPayloadCoder`` wherever a step declares ``kind`` as its output type."""
+    coders.registry.register_coder(kind, ArrayPayloadCoder)
+    return kind
+
+
 # Declared as the output type of the steps that make them (``.with_output_types``).
 PAYLOAD_TYPES = (Reports, ProtocolState, Estimates, EstimateTable, np.ndarray)
 for _type in PAYLOAD_TYPES:
-    coders.registry.register_coder(_type, ArrayPayloadCoder)
+    register_payload_type(_type)

@@ -22,9 +22,10 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 
 from kvldp import schemas
-from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
+from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE, Reports
 from kvldp.schemas import envelope
 from kvldp.transforms import tally
+from kvldp.transforms.coders import ArrayPayloadCoder  # noqa: F401  (registers the coders)
 from kvldp.transforms.context import element_context
 
 FORMATS = ("csv", "jsonl", "avro")
@@ -71,6 +72,7 @@ class WriteReports(beam.PTransform):
         return reports | "WriteReportFiles" >> beam.ParDo(self._fn)
 
 
+@beam.typehints.with_output_types(Reports)
 class _ReadReportFileFn(beam.DoFn):
     def __init__(self, protocol, round_index: int, config: dict, batch_rows: int):
         self._protocol, self._round = protocol, round_index

@@ -1,11 +1,13 @@
-"""What a large domain costs between stages (issue 17: ``simulate`` at
-d = 10^6 peaked at 1.80 GB, over the 1 GiB budget).
+"""What crosses between stages, and what it costs (issue 17: ``simulate``
+at d = 10^6 peaked at 1.80 GB, over the 1 GiB budget; ingest pickled its
+row chunks ~150 times per million rows only to measure them).
 
-Four costs, each held once per stage or per copy: Beam's element-size
-sampling pickled the d-sized states, estimates and tables whole just to
-measure them; every unpickled copy of a synthetic dataset rebuilt its own
-per-key arrays; a synthetic domain's key names were a list of d strings per
-caller; a count model held its shared symbol distributions once per key.
+Four costs, each paid once per stage or per copy: Beam's element-size
+sampling pickled untyped elements -- report batches, row chunks, the
+d-sized states, estimates and tables -- whole, just to measure them; every
+unpickled copy of a synthetic dataset rebuilt its own per-key arrays; a
+synthetic domain's key names were a list of d strings per caller; a count
+model held its shared symbol distributions once per key.
 """
 from __future__ import annotations
 
@@ -18,14 +20,16 @@ from apache_beam.coders import typecoders
 
 from kvldp.datasets import SyntheticDataset
 from kvldp.datasets.base import NumberedKeys
-from kvldp.mechanisms.base import Estimates, Reports
+from kvldp.mechanisms.base import Estimates, Reports, UserBatch
 from kvldp.mechanisms.pckv import PCKVUE
 from kvldp.mechanisms.protocol import ProtocolState
 from kvldp.pipelines import sources
 from kvldp.pipelines.graphs import simulate_graph
 from kvldp.schemas.estimate_table import EstimateTable
 from kvldp.transforms import coders as kvldp_coders
-from kvldp.transforms.coders import ArrayPayloadCoder
+from kvldp.transforms.coders import ArrayPayloadCoder, UserBatchCoder
+from kvldp.transforms.io import ReadReports
+from kvldp.transforms.ratings import RatingChunk, ReadRatings
 
 
 def _state(d: int, n: int = 5_000, seed: int = 1) -> ProtocolState:
@@ -82,6 +86,31 @@ def test_every_array_payload_of_the_simulation_is_declared_for_the_coder():
         found = [t for name, t in typed.items() if name == label or name.startswith(label + "/")]
         assert kind in found, f"{label}: {found}"
     assert run["records"].element_type is EstimateTable
+
+
+def _element_types(p: beam.Pipeline) -> dict:
+    typed = {}
+
+    class Types(beam.pipeline.PipelineVisitor):
+        def visit_transform(self, node):
+            for tag, out in node.outputs.items():
+                typed[(node.full_label, tag)] = out.element_type
+
+    p.visit(Types())
+    return typed
+
+
+def test_the_ingest_and_collect_graphs_declare_their_payloads(tmp_path):
+    p = beam.Pipeline()
+    read = p | "Read" >> ReadRatings(str(tmp_path / "*.csv"), (1.0, 5.0), key_dictionary=["a", "b"])
+    reports = p | "Reports" >> ReadReports(str(tmp_path / "*.avro"), PCKVUE(2, 2.0), 0, {})
+    types = _element_types(p)
+    assert types[("Read/Parse/ParDo(ParseRatingFileFn)", None)] is RatingChunk
+    assert read["users"].element_type is UserBatch
+    assert reports.element_type is Reports
+    assert isinstance(typecoders.registry.get_coder(RatingChunk), ArrayPayloadCoder)
+    assert isinstance(typecoders.registry.get_coder(UserBatch), UserBatchCoder)
+    assert types[("Read/Validate/ParDo(ValidateAndShardFn)", None)] == beam.typehints.Tuple[int, RatingChunk]
 
 
 def test_copies_of_a_synthetic_dataset_share_their_key_arrays():
