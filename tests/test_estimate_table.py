@@ -61,7 +61,7 @@ def test_a_table_needs_one_name_per_estimate():
 def test_written_file_is_the_records_in_the_format(fmt, monkeypatch):
     """Text files byte for byte as ``WriteToText`` wrote one record per line
     (CSV: the header first); Avro: the same records under estimate.avsc."""
-    monkeypatch.setattr("kvldp.transforms.io.ESTIMATE_LINES_PER_WRITE", 3)    # several writes, one partial
+    monkeypatch.setattr("kvldp.schemas.estimate_table.CHUNK_KEYS", 3)    # several chunks, one partial
     _, res = _run(d=11)
     names = [f"k,{k}" if k % 4 == 0 else f"k{k}" for k in range(11)]           # commas to quote in CSV
     table = EstimateTable(res.estimates, names)
@@ -147,3 +147,57 @@ def test_reading_back_a_large_file_holds_columns_not_dicts(tmp_path):
     tracemalloc.stop()
     assert len(back) == d and back[d - 1]["key"] == str(d - 1)
     assert peak < 60e6
+
+
+def _reference_records(est, names, true_f=None, true_m=None, rating_range=None) -> list[dict]:
+    """The records as they were built before the columns, key by key."""
+    def opt(x):
+        x = float(x)
+        return x if np.isfinite(x) else None
+
+    lo, hi = rating_range or (np.nan, np.nan)
+    out = []
+    for k, name in enumerate(names):
+        rating = (lo + (est.mean[k] + 1.0) * (hi - lo) / 2.0, est.mean_se[k] * (hi - lo) / 2.0)
+        out.append({
+            "key": str(name), "frequency": opt(est.frequency[k]), "mean": opt(est.mean[k]),
+            "frequency_raw": opt(est.frequency_raw[k]), "mean_raw": opt(est.mean_raw[k]),
+            "frequency_se": opt(est.frequency_se[k]), "mean_se": opt(est.mean_se[k]),
+            **{f: None if getattr(est, f) is None else opt(getattr(est, f)[k])
+               for f in ("frequency_lo", "frequency_hi", "mean_lo", "mean_hi")},
+            "mean_rating": opt(rating[0]), "mean_rating_se": opt(rating[1]),
+            "frequency_status": str(est.frequency_status[k]), "mean_status": str(est.mean_status[k]),
+            "postprocess": est.postprocess or "raw", "n_reports": int(est.n_reports), "mechanism": est.mechanism,
+            "epsilon": float(est.epsilon),
+            "true_frequency": None if true_f is None else opt(true_f[k]),
+            "true_mean": None if true_m is None else opt(true_m[k])})
+    return out
+
+
+@pytest.mark.parametrize("postprocessed", [False, True])
+@pytest.mark.parametrize("simulated", [False, True])
+def test_columns_make_the_records_and_lines_of_the_key_by_key_path(postprocessed, simulated):
+    """``estimate_records`` and the JSONL/CSV lines, now built a column at a
+    time, equal the old per-key records and ``json.dumps``/``csv`` of them,
+    byte for byte: NaN, inf and absent columns as null, names to quote or
+    escape, the run's scalars, the truth and the rating scale."""
+    from kvldp.mechanisms.postprocess import postprocess
+    from kvldp.schemas.records import estimate_lines
+
+    _, res = _run(d=9, name="privkv")
+    est = postprocess(res.estimates, "eb+shrink") if postprocessed else res.estimates
+    arrays = {f: np.array(getattr(est, f), dtype=np.float64) for f in ("frequency", "mean", "frequency_raw")}
+    arrays["frequency"][1], arrays["mean"][2], arrays["frequency_raw"][3] = np.inf, -np.inf, -0.0
+    est = dataclasses.replace(est, **arrays)
+    names = ["plain", "com,ma", 'quo"te', "new\nline", "", "ünï", "tab\there", "cr\rx", "é,\"mix\""]
+    truth = (np.linspace(0, 1, 9), np.where(np.arange(9) % 3 == 0, np.nan, 0.25)) if simulated else (None, None)
+    rating = (1.0, 5.0) if simulated else None
+    reference = _reference_records(est, names, *truth, rating)
+    assert estimate_records(est, names, *truth, rating_range=rating) == reference
+    assert estimate_lines(est, names, "jsonl", *truth, rating_range=rating) == [json.dumps(r) for r in reference]
+    rows = []
+    for r in reference:
+        w = io.StringIO()
+        csv.writer(w, lineterminator="").writerow(["" if r[f] is None else r[f] for f in schemas.ESTIMATE_FIELDS])
+        rows.append(w.getvalue())
+    assert estimate_lines(est, names, "csv", *truth, rating_range=rating) == rows

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from kvldp.mechanisms.base import Estimates
-from kvldp.schemas.records import estimate_records
+from kvldp.schemas.records import estimate_lines, estimate_records
 
 CHUNK_KEYS = 8192      # records built at a time: ~12 MB of dicts
 
@@ -51,12 +51,20 @@ class EstimateTable:
     def __len__(self) -> int:
         return self.estimates.d
 
-    def records(self, chunk: int = CHUNK_KEYS) -> Iterator[dict]:
+    def records(self, chunk: int | None = None) -> Iterator[dict]:
         """The ``estimate.avsc`` records, key by key, built ``chunk`` keys at a time."""
+        for part in self._chunks(chunk):
+            yield from estimate_records(*part, rating_range=self.rating_range)
+
+    def lines(self, fmt: str, chunk: int | None = None) -> Iterator[list[str]]:
+        """The records as text lines of ``fmt`` (``records.estimate_lines``), a list per ``chunk`` keys."""
+        for est, names, true_f, true_m in self._chunks(chunk):
+            yield estimate_lines(est, names, fmt, true_f, true_m, rating_range=self.rating_range)
+
+    def _chunks(self, chunk: int | None):
+        chunk = chunk or CHUNK_KEYS
         for start in range(0, len(self), chunk):
             stop = min(start + chunk, len(self))
-            yield from estimate_records(
-                slice_estimates(self.estimates, start, stop), self.key_names[start:stop],
-                None if self.true_frequency is None else self.true_frequency[start:stop],
-                None if self.true_mean is None else self.true_mean[start:stop],
-                rating_range=self.rating_range)
+            yield (slice_estimates(self.estimates, start, stop), self.key_names[start:stop],
+                   None if self.true_frequency is None else self.true_frequency[start:stop],
+                   None if self.true_mean is None else self.true_mean[start:stop])

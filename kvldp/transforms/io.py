@@ -9,12 +9,9 @@
 """
 from __future__ import annotations
 
-import csv
-import io
-import itertools
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import apache_beam as beam
 import fastavro
@@ -29,7 +26,6 @@ from kvldp.transforms.coders import ArrayPayloadCoder  # noqa: F401  (registers 
 from kvldp.transforms.context import element_context
 
 FORMATS = ("csv", "jsonl", "avro")
-ESTIMATE_LINES_PER_WRITE = 4096     # text lines joined per write call
 
 
 def format_of(path: str, declared: str | None = None) -> str:
@@ -141,28 +137,17 @@ class ReadReports(beam.PTransform):
                 | "ReadReportFiles" >> beam.ParDo(self._fn))
 
 
-def _csv_line(record: dict, fields: Sequence[str]) -> str:
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="").writerow(["" if record.get(f) is None else record.get(f) for f in fields])
-    return buf.getvalue()
-
-
 def write_estimate_table(fh, table, fmt: str) -> int:
     """Write ``table``'s records to the binary file ``fh`` as ``fmt``
     (byte for byte what ``WriteToText`` wrote for the text formats: a header
     line for CSV, one line per key); returns the number of records."""
-    records = table.records()
     if fmt == "avro":
-        fastavro.writer(fh, schemas.load(schemas.ESTIMATE), records, codec="deflate")
+        fastavro.writer(fh, schemas.load(schemas.ESTIMATE), table.records(), codec="deflate")
         return len(table)
-    if fmt == "jsonl":
-        lines = map(json.dumps, records)
-    else:
-        fields = schemas.ESTIMATE_FIELDS
-        fh.write((",".join(fields) + "\n").encode("utf-8"))
-        lines = (_csv_line(r, fields) for r in records)
-    while chunk := list(itertools.islice(lines, ESTIMATE_LINES_PER_WRITE)):
-        fh.write(("\n".join(chunk) + "\n").encode("utf-8"))
+    if fmt == "csv":
+        fh.write((",".join(schemas.ESTIMATE_FIELDS) + "\n").encode("utf-8"))
+    for lines in table.lines(fmt):
+        fh.write(("\n".join(lines) + "\n").encode("utf-8"))
     return len(table)
 
 
