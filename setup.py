@@ -16,6 +16,8 @@ setup(
         "numpy>=1.24",
         "scipy>=1.10",
         "fastavro>=1.8",
+        # columnar text IO: ratings CSV blocks, estimate files read back as columns (Beam depends on it too)
+        "pyarrow>=14",
         # the clients' noise: AES-CTR / ChaCha20 bit generators for numpy (mechanisms/randomness.py)
         "randomgen>=2.1",
         # memoised reports: AES-ECB over every device's blocks at once (mechanisms/memo.py)
