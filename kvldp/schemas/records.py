@@ -23,11 +23,6 @@ def on_rating_scale(mean, se, rating_range):
     return lo + (np.asarray(mean, dtype=np.float64) + 1.0) * half, np.asarray(se, dtype=np.float64) * half
 
 
-# The fields of an estimate record, in ``estimate.avsc``'s order, and which of them are doubles.
-_PER_KEY_DOUBLES = ("frequency", "mean", "frequency_raw", "mean_raw", "frequency_se", "mean_se",
-                    "frequency_lo", "frequency_hi", "mean_lo", "mean_hi", "mean_rating", "mean_rating_se")
-
-
 def _doubles(values, d: int) -> list:
     """A per-key double column as Python values: floats, None where not
     finite (null) or where the column is not given."""
@@ -49,12 +44,13 @@ def estimate_columns(est: Estimates, key_names: Sequence[str], true_frequency=No
     if len(key_names) != d:
         raise ValueError(f"{len(key_names)} key names for {d} estimates")
     scaled = (None, None) if rating_range is None else on_rating_scale(est.mean, est.mean_se, rating_range)
-    given = {"frequency": est.frequency, "mean": est.mean, "frequency_raw": est.frequency_raw,
-             "mean_raw": est.mean_raw, "frequency_se": est.frequency_se, "mean_se": est.mean_se,
-             "frequency_lo": est.frequency_lo, "frequency_hi": est.frequency_hi, "mean_lo": est.mean_lo,
-             "mean_hi": est.mean_hi, "mean_rating": scaled[0], "mean_rating_se": scaled[1]}
+    # the per-key doubles, in estimate.avsc's order
+    doubles = {"frequency": est.frequency, "mean": est.mean, "frequency_raw": est.frequency_raw,
+               "mean_raw": est.mean_raw, "frequency_se": est.frequency_se, "mean_se": est.mean_se,
+               "frequency_lo": est.frequency_lo, "frequency_hi": est.frequency_hi, "mean_lo": est.mean_lo,
+               "mean_hi": est.mean_hi, "mean_rating": scaled[0], "mean_rating_se": scaled[1]}
     columns: dict[str, list] = {"key": [str(name) for name in key_names]}
-    columns.update((name, _doubles(given[name], d)) for name in _PER_KEY_DOUBLES)
+    columns.update((name, _doubles(values, d)) for name, values in doubles.items())
     for name in ("frequency_status", "mean_status"):
         statuses = getattr(est, name)
         columns[name] = ["ok"] * d if statuses is None else [str(x) for x in statuses]
@@ -62,8 +58,8 @@ def estimate_columns(est: Estimates, key_names: Sequence[str], true_frequency=No
     columns["n_reports"] = [int(est.n_reports)] * d
     columns["mechanism"] = [est.mechanism] * d
     columns["epsilon"] = [float(est.epsilon)] * d
-    columns["true_frequency"] = [None] * d if true_frequency is None else _doubles(true_frequency, d)
-    columns["true_mean"] = [None] * d if true_mean is None else _doubles(true_mean, d)
+    columns["true_frequency"] = _doubles(true_frequency, d)
+    columns["true_mean"] = _doubles(true_mean, d)
     return columns
 
 
