@@ -32,3 +32,22 @@ def test_the_sweep_writes_its_table_and_figure(tmp_path, capsys):
     with open(out / "kernels.csv", newline="") as fh:
         kernels = {r["oracle"]: r for r in csv.DictReader(fh)}
     assert set(kernels) == {"grr", "oue", "olh"} and all(float(k["kvldp_users_per_s"]) > 0 for k in kernels.values())
+
+
+def test_estimates_come_back_in_the_runner_order():
+    """The Beam path's estimates file is matched to the NumPy path's key
+    order by key, whatever order the file holds them in, and a key without
+    an estimate is an error, not a silent NaN."""
+    import numpy as np
+
+    from kvldp.pipelines.bench import in_key_order
+
+    keys, values = np.array([7, 2, 5, 0]), np.array([0.7, 0.2, 0.5, 0.0])
+    assert in_key_order(keys, values, [0, 2, 5, 7]).tolist() == [0.0, 0.2, 0.5, 0.7]
+    assert in_key_order(keys, values, [5, 5, 7]).tolist() == [0.5, 0.5, 0.7]
+    for missing in ([3], [8], [0, 9]):
+        with pytest.raises(KeyError):
+            in_key_order(keys, values, missing)
+    with pytest.raises(KeyError):
+        in_key_order(np.array([], dtype=int), np.array([]), [0])
+    assert in_key_order(keys, values, []).tolist() == []

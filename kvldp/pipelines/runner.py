@@ -29,6 +29,7 @@ from apache_beam.options.pipeline_options import (
 )
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
+from kvldp.pipelines.allocator import release_freed_memory
 from kvldp.transforms import tally
 
 SAFE_RUNNING_MODE = "in_memory"
@@ -116,7 +117,14 @@ def run_pipeline(p: beam.Pipeline, wait: bool = True):
         if options.dry_run:
             raise DryRunFinished(_dry_run_report(p, result))
         if wait:
-            result.wait_until_finish()
+            finish(result)
+    return result
+
+
+def finish(result):
+    """Wait for a job, then hand the heap it freed back to the OS."""
+    result.wait_until_finish()
+    release_freed_memory()
     return result
 
 

@@ -20,7 +20,7 @@ from kvldp.mechanisms.padding import merge_histograms, size_histogram
 from kvldp.mechanisms.randomness import SimulationSeed, fresh_seed
 from kvldp.mechanisms.sizing import DEFAULT_MEMORY_BUDGET, batch_size_for
 from kvldp.pipelines import run_seed
-from kvldp.pipelines.runner import Progress, make_pipeline, read_array, save_array, scratch_path
+from kvldp.pipelines.runner import Progress, finish, make_pipeline, read_array, save_array, scratch_path
 from kvldp.pipelines.units import parse_bytes, path_arg
 from kvldp.transforms.coders import UserBatchCoder  # noqa: F401  (registers the coder)
 from kvldp.transforms.key_names import CreateKeyNames
@@ -393,7 +393,7 @@ def derive_dictionary_and_sizes(data: DataConfig, beam_args) -> tuple[list[str],
      | "Write" >> beam.io.WriteToText(out, num_shards=1, shard_name_template=""))
     scan["sizes"] | "SaveSizes" >> beam.Map(save_array, sizes)
     with Progress():
-        p.run().wait_until_finish()
+        finish(p.run())
     return read_dictionary(out), read_array(sizes)
 
 
@@ -418,7 +418,7 @@ def users_prepass(data: DataConfig, beam_args, dictionary: Sequence[str], per_ba
     p = make_pipeline(beam_args)
     sum_per_batch(user_source(p, data, None, dictionary).users, per_batch, path, name)
     with Progress():
-        p.run().wait_until_finish()
+        finish(p.run())
     return read_array(path)
 
 
