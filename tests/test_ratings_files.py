@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from kvldp.pipelines import cli, sources
@@ -130,3 +131,19 @@ def test_bad_format_flags_are_refused_before_any_compute(tmp_path, capsys, flags
     err = capsys.readouterr().err
     assert code == 2 and message in err.splitlines()[-1], err
     assert not (tmp_path / "rep").exists()
+
+
+@pytest.mark.parametrize("users", [
+    ["u2", "u1", "u2", "u3", "u1", "u2"],
+    ["\udcff-undecodable", "b", "\udcff-undecodable", "é"],         # surrogate-escaped bytes: np.unique's path
+    [3, 1, 3, 2],                                                    # not strings: np.unique's path
+    [],
+])
+def test_distinct_users_groups_rows_like_np_unique(users):
+    """Each row's user is its distinct id, and the ids are those np.unique finds."""
+    from kvldp.transforms.ratings import distinct_users
+
+    column = np.array(users, dtype=object)
+    distinct, row_user = distinct_users(column)
+    assert [str(u) for u in distinct[row_user]] == [str(u) for u in users]
+    assert sorted(map(str, distinct)) == sorted(np.unique(column.astype(str)).tolist())
