@@ -135,15 +135,47 @@ def test_bad_format_flags_are_refused_before_any_compute(tmp_path, capsys, flags
 
 @pytest.mark.parametrize("users", [
     ["u2", "u1", "u2", "u3", "u1", "u2"],
-    ["\udcff-undecodable", "b", "\udcff-undecodable", "é"],         # surrogate-escaped bytes: np.unique's path
-    [3, 1, 3, 2],                                                    # not strings: np.unique's path
+    ["é", "b", "日本", "é", "", "b\x00"],
     [],
 ])
-def test_distinct_users_groups_rows_like_np_unique(users):
-    """Each row's user is its distinct id, and the ids are those np.unique finds."""
-    from kvldp.transforms.ratings import distinct_users
+def test_users_are_grouped_and_sorted_as_np_unique_does(users):
+    """Each row's user is its distinct id, and sorted, the ids and the rows'
+    indices are those of np.unique (code point order); shards are
+    ``stable_shard``'s, read from the UTF-8 bytes."""
+    from kvldp.transforms.ratings import (
+        distinct_users,
+        id_column,
+        sorted_distinct_users,
+        stable_shard,
+        user_parts,
+        user_shards,
+    )
 
-    column = np.array(users, dtype=object)
+    column = id_column(users)
     distinct, row_user = distinct_users(column)
-    assert [str(u) for u in distinct[row_user]] == [str(u) for u in users]
-    assert sorted(map(str, distinct)) == sorted(np.unique(column.astype(str)).tolist())
+    assert [distinct[int(i)].as_py() for i in row_user] == users
+    names, index = sorted_distinct_users(column)
+    ref_names, ref_index = np.unique(np.array(users, dtype=object), return_inverse=True)
+    assert names.to_pylist() == list(ref_names) and index.tolist() == ref_index.ravel().tolist()
+    assert user_shards(names, 16).tolist() == [stable_shard(u, 16) for u in ref_names]
+    assert user_shards(names.slice(1), 7).tolist() == [stable_shard(u, 7) for u in ref_names[1:]]
+    parts = user_parts(column, 5)          # the pre-pass's partition: one part per id, in range
+    assert all(0 <= p < 5 for p in parts)
+    assert len({(u, int(p)) for u, p in zip(users, parts, strict=True)}) == len(set(users))
+    assert user_parts(column.slice(2), 5).tolist() == parts[2:].tolist()
+
+
+def test_an_id_that_is_not_unicode_text_is_a_dead_letter(tmp_path):
+    """JSON can spell an unpaired surrogate (``"\\udc80"``), which no UTF-8
+    file -- the dictionary, an Arrow column -- can hold: the row is
+    rejected with the reason, and rows in = accepted + rejected."""
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"user": "a", "item": "x", "rating": 1}\n'
+                    '{"user": "\\udc80", "item": "x", "rating": 2}\n'
+                    '{"user": "b", "item": "\\ud800y", "rating": 3}\n')
+    out = tmp_path / "out"
+    cli.main(["perturb", "--mechanism", "pckv-grr", "--epsilon", "1", "--padding", "1", "--rating-range", "1,5",
+              "--seed", "1", "--max-reject-rate", "1", "--input", str(path), "--output", str(out / "r.avro")])
+    dead = [json.loads(line) for line in (tmp_path / "kvldp-rejected" / "r.rejected.jsonl").read_text().splitlines()]
+    assert sorted(d["line"] for d in dead) == [2, 3]
+    assert all("unpaired surrogate" in d["reason"] for d in dead)

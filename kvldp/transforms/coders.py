@@ -126,8 +126,8 @@ def estimated_size(value, depth: int = 0) -> int:
     """Roughly the bytes ``value`` pickles to, without pickling it: its
     arrays' ``nbytes``, through dataclass fields, tuples and dicts (a few
     levels deep), and the shallow size of anything else."""
-    if isinstance(value, np.ndarray):
-        return value.nbytes
+    if isinstance(value, np.ndarray) or isinstance(getattr(value, "nbytes", None), int):
+        return value.nbytes              # an array, NumPy's or Arrow's
     if depth < 4 and dataclasses.is_dataclass(value) and not isinstance(value, type):
         return 64 + sum(estimated_size(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value))
     if depth < 4 and isinstance(value, tuple):

@@ -64,8 +64,9 @@ def is_undecodable(text: str) -> bool:
 def parse_clean_block(block: bytes, first_line: int, names: Sequence[str], wanted: Sequence[str],
                       delimiter: str, encoding: str) -> dict | None:
     """A clean block's rows as ``{"lines", "users", "items", "ratings"}``
-    arrays (``names``: the file's columns; ``wanted``: the user, item and
-    rating columns), or ``None`` when any row needs the careful reader."""
+    arrays (the ids as Arrow strings; ``names``: the file's columns;
+    ``wanted``: the user, item and rating columns), or ``None`` when any
+    row needs the careful reader."""
     import pyarrow as pa
     import pyarrow.compute as pc
     from pyarrow import csv as pacsv
@@ -107,6 +108,5 @@ def parse_clean_block(block: bytes, first_line: int, names: Sequence[str], wante
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     return {"lines": np.arange(first_line, first_line + n, dtype=np.int64),
-            "users": user.to_numpy(zero_copy_only=False).astype(object),
-            "items": item.to_numpy(zero_copy_only=False).astype(object),
+            "users": user.combine_chunks(), "items": item.combine_chunks(),     # Arrow strings, as read
             "ratings": np.asarray(ratings, dtype=np.float64)}
