@@ -11,9 +11,12 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import BeamAssertException, assert_that
 
 from kvldp.datasets import SyntheticDataset
+from kvldp.datasets.base import InMemoryDataset
 from kvldp.mechanisms import registry
+from kvldp.mechanisms.base import UserBatch
 from kvldp.mechanisms.local import run_local
-from kvldp.pipelines import cli
+from kvldp.pipelines import cli, sources
+from kvldp.pipelines.graphs import simulate_graph
 from kvldp.pipelines.report import read_estimates
 from kvldp.transforms.rounds import RunProtocol
 
@@ -38,6 +41,52 @@ def test_pipeline_equals_local_runner(name, options):
 
     with beam.Pipeline(runner=FnApiRunner()) as p:
         assert_that((_users(p, data, 7_000) | RunProtocol(proto, seed=8))["state"], check)
+
+
+@pytest.mark.parametrize("name, options", [("privkvm", {"rounds": 3}), ("privkvm-plus", {"a0": 0.05, "max_rounds": 4}),
+                                           ("ks-grr", {})])
+def test_rounds_that_rebuild_generated_users_equal_the_local_runner(name, options):
+    """A generated dataset's later rounds read its batch recipes and make
+    the users again (``UserRecipes``) instead of the stored users: the same
+    users, so the same estimates, bit for bit."""
+    proto = registry.make(name, 12, 3.0, **options)
+    config = sources.DataConfig("synthetic-uu", users=30_000, keys=12, seed=2, batch_size=7_000)
+    data = sources.built_in_dataset(config, 2)
+    local = run_local(proto, data, seed=8, batch_size=7_000)
+
+    def check(states):
+        (s,) = states
+        est = proto.estimates(s)
+        if not (s.rounds_done == local.state.rounds_done and s.epsilon_spent == local.state.epsilon_spent
+                and np.array_equal(est.mean, local.estimates.mean, equal_nan=True)
+                and np.array_equal(est.frequency, local.estimates.frequency, equal_nan=True)):
+            raise BeamAssertException(f"pipeline state {s} != local {local.state}")
+
+    with beam.Pipeline(runner=FnApiRunner()) as p:
+        source = sources.user_source(p, config, data)
+        assert source.recipes is not None
+        assert_that(simulate_graph(source, proto, 8, truth=False)["state"], check)
+
+
+def test_later_rounds_read_the_recipes_and_a_loaded_dataset_keeps_its_users():
+    proto = registry.make("privkvm", 5, 2.0, rounds=3)
+    config = sources.DataConfig("synthetic-uu", users=100, keys=5, seed=1, batch_size=50)
+    p = beam.Pipeline(runner=FnApiRunner())
+    simulate_graph(sources.user_source(p, config, sources.built_in_dataset(config, 1)), proto, 1)
+    api = p.to_runner_api()
+    names = {t.unique_name: t for t in api.components.transforms.values()}
+    producer = {pc: name for name, t in names.items() if not t.subtransforms for pc in t.outputs.values()}
+
+    def main_input(step):
+        t = names[step]
+        (pc,) = [pc for tag, pc in t.inputs.items() if "side_input" not in tag]
+        return producer[pc]
+
+    assert main_input("Protocol/Round1/Perturb") == "MakeUsers"
+    for r in (2, 3):
+        assert main_input(f"Protocol/Round{r}/Perturb").startswith("BatchSpecs/"), r
+    loaded = InMemoryDataset("loaded", UserBatch.single_pair(np.arange(4) % 2, np.zeros(4)), ["a", "b"])
+    assert sources.user_source(beam.Pipeline(), config, loaded).recipes is None
 
 
 def test_privkvm_graph_is_three_stages_linked_by_side_inputs():

@@ -70,7 +70,7 @@ def test_every_array_payload_of_the_simulation_is_declared_for_the_coder():
     dataset = sources.built_in_dataset(data, 1)
     p = beam.Pipeline()
     source = sources.user_source(p, data, dataset)
-    run = simulate_graph(source.users, PCKVUE(10, 2.0), 1, source.key_names)
+    run = simulate_graph(source, PCKVUE(10, 2.0), 1)
     typed = {}
 
     class Types(beam.pipeline.PipelineVisitor):

@@ -75,6 +75,9 @@ class Dataset:
     n_users: int
     default_padding: int = 1
     rating_range: tuple[float, float] | None = None     # the ratings' own scale, mapped onto [-1, 1]
+    # batches computed from the dataset's parameters, which is all it pickles as (so a job may make
+    # them again where it needs them rather than keep them)
+    generated = False
 
     @property
     def key_names(self) -> Sequence[str]:

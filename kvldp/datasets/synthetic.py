@@ -49,6 +49,7 @@ class SyntheticDataset(Dataset):
     zipf: float = 1.0
     spread: float = 0.3
     classes: int = 3
+    generated = True            # not a field: batches from (seed, spec); pickled as the parameters
 
     def __post_init__(self):
         if self.kind not in SYNTHETIC_KINDS:

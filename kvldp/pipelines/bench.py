@@ -83,7 +83,7 @@ def beam_frequencies(data: DataConfig, beam_args, dataset, mechanism, seed) -> n
     out = runner.scratch_path(beam_args, "estimates.jsonl")
     p = runner.make_pipeline(beam_args)
     source = sources.user_source(p, data, dataset)
-    run = simulate_graph(source.users, mechanism, seed, source.key_names, truth=False)
+    run = simulate_graph(source, mechanism, seed, truth=False)
     run["records"] | "Write" >> WriteEstimates(out)
     runner.finish(p.run())
     records = read_estimates(out)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from kvldp.pipelines import (
     advise,
+    allocator,
     bench,
     evaluate,
     failures,
@@ -91,6 +92,7 @@ def subcommand_parser(top: argparse.ArgumentParser, command: str) -> argparse.Ar
 
 
 def main(argv=None) -> int:
+    allocator.settle_imports()      # everything is imported: full collections skip it from here on
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     failures.quiet_worker_tracebacks()
     top = parser()

@@ -67,12 +67,13 @@ def records_of(state, protocol: Protocol, key_names, truth=None, method: str = R
                                       rating_range=rating_range).with_output_types(EstimateTable))
 
 
-def simulate_graph(users, protocol: Protocol, seed: int, key_names, fanout: int | None = None, truth: bool = True,
+def simulate_graph(source, protocol: Protocol, seed: int, fanout: int | None = None, truth: bool = True,
                    method: str = RAW, rating_range=None):
-    """A whole protocol as one pipeline: ``users -> {"records", "state", "counts"}``
+    """A whole protocol as one pipeline: a ``sources.UserSource`` -> ``{"records", "state", "counts"}``
     (every round; ``counts``: the last round's; records post-processed by ``method``)."""
-    run = users | "Protocol" >> RunProtocol(protocol, seed, fanout)
-    records = records_of(run["state"], protocol, key_names, truth_sum(users, protocol.d) if truth else None,
+    users = source.users
+    run = users | "Protocol" >> RunProtocol(protocol, seed, fanout, later_rounds=source.recipes)
+    records = records_of(run["state"], protocol, source.key_names, truth_sum(users, protocol.d) if truth else None,
                          method, rating_range)
     return {"records": records, **run}
 

@@ -91,7 +91,7 @@ def execute(config: SimulateConfig, beam_args) -> dict:
     source = sources.user_source(p, data, dataset, dictionary)
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
     # users -> state after round 1 -> … -> final state -> records (+ summary)
-    run = simulate_graph(source.users, mechanism, seeds.perturb, source.key_names, config.fanout,
+    run = simulate_graph(source, mechanism, seeds.perturb, config.fanout,
                          method=config.postprocess, rating_range=data.rating_scale(dataset))
     if mechanism.max_rounds > 1:     # what the rounds did: rounds run, budget spent, the ledger
         (run["state"] | "Summary" >> beam.Map(protocol_summary, mechanism)

@@ -25,6 +25,7 @@ from kvldp.pipelines.units import parse_bytes, path_arg
 from kvldp.transforms.coders import UserBatchCoder  # noqa: F401  (registers the coder)
 from kvldp.transforms.key_names import CreateKeyNames
 from kvldp.transforms.ratings import DEAD_LETTER, RatingsFormat, ReadRatings, ScanRatings
+from kvldp.transforms.rounds import UserRecipes
 
 DATASETS = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr", "clothing", "movielens-100k")
 
@@ -373,12 +374,15 @@ def _named_dataset(data: DataConfig, data_seed: int) -> Dataset | None:
 
 @dataclasses.dataclass
 class UserSource:
-    """Users as a PCollection of ``UserBatch``, plus what the job needs about them."""
+    """Users as a PCollection of ``UserBatch``, plus what the job needs about
+    them; ``recipes``: a generated dataset's users again as batch recipes,
+    for the rounds after the first (``transforms.rounds``)."""
 
     users: beam.PCollection
     key_names: beam.PCollection          # a single list of item ids
     dead_letter: beam.PCollection | None
     d: int
+    recipes: UserRecipes | None = None
 
 
 def derive_dictionary_and_sizes(data: DataConfig, beam_args) -> tuple[list[str], np.ndarray]:
@@ -427,12 +431,13 @@ def user_source(p: beam.Pipeline, data: DataConfig, dataset: Dataset | None,
     """Generate a built-in dataset's batches on the workers, or read ratings
     (``dictionary``: the key dictionary for ratings files)."""
     if dataset is not None:
-        users = (p
-                 | "BatchSpecs" >> beam.Create(dataset.specs(data.sized_batch))
-                 | "SpreadBatches" >> beam.Reshuffle()
-                 | "MakeUsers" >> beam.MapTuple(dataset.batch))
+        # Create already reshuffles its elements over the workers (a second Reshuffle was a stage of its own)
+        specs = p | "BatchSpecs" >> beam.Create(dataset.specs(data.sized_batch))
+        users = specs | "MakeUsers" >> beam.MapTuple(dataset.batch).with_output_types(UserBatch)
         names = p | "KeyNames" >> CreateKeyNames(dataset.key_names)
-        return UserSource(typed_users(users), names, None, dataset.d)
+        # a generated dataset pickles as its parameters: its recipes are cheaper than its users
+        recipes = UserRecipes(specs, dataset.batch) if dataset.generated else None
+        return UserSource(users, names, None, dataset.d, recipes)
     read = p | "ReadRatings" >> data.read_ratings(dictionary)
     return UserSource(typed_users(read["users"]), read["dictionary"], read[DEAD_LETTER], len(dictionary))
 

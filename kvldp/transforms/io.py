@@ -151,6 +151,7 @@ def write_estimate_table(fh, table, fmt: str) -> int:
     return len(table)
 
 
+@beam.typehints.with_output_types(str)     # declared: Beam otherwise infers it from process's bytecode
 class _WriteEstimateTableFn(beam.DoFn):
     """One ``EstimateTable`` -> ``path``, written under a temporary name and
     renamed, so a reader never sees half a file and a retry overwrites."""

@@ -9,6 +9,8 @@ the previous round) is a singleton side input, or a constant for round 1.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import apache_beam as beam
 from apache_beam.pvalue import AsSingleton
 
@@ -27,10 +29,14 @@ class PerturbFn(beam.DoFn):
     participants, with ``batch_rng(seed, batch_id, round)`` (nothing once the
     protocol has stopped). ``gate``: the perturbing side's privacy ledger
     (mechanisms/ledger.py); a user it refuses sits the collection out and is
-    counted (``users_sat_out``)."""
+    counted (``users_sat_out``). ``rebuild``: the elements are a generated
+    dataset's batch recipes, and ``rebuild(*recipe)`` makes the batch (only
+    when the round runs: a stopped protocol's later rounds make nothing)."""
 
-    def __init__(self, protocol: Protocol, seed: int, round_index: int = 0, gate: LedgerGate | None = None):
+    def __init__(self, protocol: Protocol, seed: int, round_index: int = 0, gate: LedgerGate | None = None,
+                 rebuild: Callable[..., UserBatch] | None = None):
         self._protocol, self._seed, self._round, self._gate = protocol, seed, round_index, gate
+        self._rebuild = rebuild
         self._users = tally.counter("users_perturbed")
         self._reports = tally.counter("reports_emitted")
         self._sat_out = tally.counter("users_sat_out")
@@ -40,6 +46,8 @@ class PerturbFn(beam.DoFn):
             state = self._protocol.initial_state()
         if state.stopped:
             return
+        if self._rebuild is not None:
+            users = self._rebuild(*users)
         with element_context(f"user batch {users.batch_id} ({users.n_users} users), round {self._round + 1}"):
             rng = batch_rng(self._seed, users.batch_id, round_index=self._round)
             users = self._protocol.participants(self._round, users, state)

@@ -1,0 +1,123 @@
+"""Beam's state/timer introspection memoised per class (``kvldp/transforms/dofn_specs.py``):
+the memo must give Beam's own answer for every DoFn, and ask Beam again
+wherever the class alone does not decide it."""
+from __future__ import annotations
+
+import apache_beam as beam
+from apache_beam.coders import VarIntCoder
+from apache_beam.transforms import userstate
+from apache_beam.transforms.timeutil import TimeDomain
+
+from kvldp.mechanisms.pckv import PCKVUE
+from kvldp.mechanisms.privkvm import PrivKVMPlus
+from kvldp.pipelines import sources
+from kvldp.pipelines.graphs import simulate_graph
+from kvldp.transforms import dofn_specs
+from kvldp.transforms.io import ReadReports, WriteEstimates
+from kvldp.transforms.ratings import ReadRatings
+
+COUNT = userstate.BagStateSpec("count", VarIntCoder())
+TIMER = userstate.TimerSpec("flush", TimeDomain.WATERMARK)
+COUNT_STATE, FLUSH_TIMER = beam.DoFn.StateParam(COUNT), beam.DoFn.TimerParam(TIMER)   # Beam's idiom: default arguments
+
+
+class _Stateful(beam.DoFn):
+    def process(self, element, count=COUNT_STATE):
+        yield element
+
+
+class _Timed(beam.DoFn):
+    def process(self, element, timer=FLUSH_TIMER):
+        yield element
+
+    @userstate.on_timer(TIMER)
+    def flush(self):
+        yield 0
+
+
+class _Plain(beam.DoFn):
+    def process(self, element):
+        yield element
+
+
+class _BorrowsAStatefulProcess(beam.DoFn):
+    """Its instance holds another DoFn's bound ``process``: the class alone does not decide."""
+
+    def __init__(self):
+        super().__init__()
+        self.process = _Stateful().process
+
+
+class _PropertyMakesAMethod(beam.DoFn):
+    @property
+    def stateful(self):
+        return _Stateful().process
+
+    def process(self, element):
+        yield element
+
+
+def _same(dofn) -> bool:
+    return dofn_specs.get_dofn_specs(dofn) == dofn_specs._original(dofn)
+
+
+def test_beam_asks_the_memo():
+    assert userstate.get_dofn_specs is dofn_specs.get_dofn_specs
+    assert userstate.is_stateful_dofn(_Stateful()) and not userstate.is_stateful_dofn(_Plain())
+
+
+def _dofns(p: beam.Pipeline) -> list:
+    fns = []
+
+    class DoFns(beam.pipeline.PipelineVisitor):
+        def visit_transform(self, node):
+            if isinstance(node.transform, beam.ParDo):
+                fns.append(node.transform.fn)
+
+    p.visit(DoFns())
+    return fns
+
+
+def test_every_dofn_of_kvldps_graphs_gets_beams_answer(tmp_path):
+    data = sources.DataConfig("synthetic-uu", users=100, keys=10, seed=1, batch_size=50)
+    dataset = sources.built_in_dataset(data, 1)
+    fns = []
+    for protocol in (PCKVUE(10, 2.0), PrivKVMPlus(10, 2.0)):       # one round; data-dependent rounds
+        p = beam.Pipeline()
+        source = sources.user_source(p, data, dataset)
+        run = simulate_graph(source, protocol, 1)
+        run["records"] | WriteEstimates(str(tmp_path / "e.jsonl"))
+        fns += _dofns(p)
+    p = beam.Pipeline()
+    p | "Ratings" >> ReadRatings(str(tmp_path / "*.csv"), (1.0, 5.0))
+    p | "Reports" >> ReadReports(str(tmp_path / "*.avro"), PCKVUE(2, 2.0), 0, {})
+    fns += _dofns(p)
+    assert len(fns) > 40
+    for fn in fns:
+        assert _same(fn), fn
+        assert _same(fn), fn      # the remembered answer too
+
+
+def test_stateful_and_timer_dofns_keep_their_specs_for_every_instance():
+    for cls in (_Stateful, _Timed, _Plain):
+        first, second = cls(), cls()
+        assert _same(first) and _same(second)
+    states, timers = dofn_specs.get_dofn_specs(_Timed())
+    assert timers == {TIMER} and not states
+    assert dofn_specs.get_dofn_specs(_Stateful())[0] == {COUNT}
+
+
+def test_what_the_class_does_not_decide_is_asked_of_beam_each_time():
+    borrowed = _BorrowsAStatefulProcess()
+    assert dofn_specs.get_dofn_specs(borrowed)[0] == {COUNT}
+    assert not dofn_specs._plain_class(_PropertyMakesAMethod)
+    assert dofn_specs.get_dofn_specs(_PropertyMakesAMethod())[0] == {COUNT}
+    wrapped = beam.Map(_Stateful().process).fn           # a bound method as a Map's function
+    assert _same(wrapped)
+    assert _same(beam.Map(len).fn)
+
+
+def test_callers_may_change_the_sets_they_get():
+    states, _ = dofn_specs.get_dofn_specs(_Stateful())
+    states.clear()
+    assert dofn_specs.get_dofn_specs(_Stateful())[0] == {COUNT}
