@@ -32,7 +32,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import ndtri
+
+from . import special
 
 BASE_CUT_ALPHA = 0.05
 
@@ -77,7 +78,7 @@ def norm_sub(x, total: float) -> np.ndarray:
 
 def base_cut_threshold(d: int, alpha: float = BASE_CUT_ALPHA) -> float:
     """``z_{1 - alpha/d}``: the one-sided normal quantile with Bonferroni's correction."""
-    return float(-ndtri(alpha / max(int(d), 1)))      # the normal's upper alpha/d point
+    return float(-special.ndtri(alpha / max(int(d), 1)))      # the normal's upper alpha/d point
 
 
 def base_cut(x, sd_at_zero, alpha: float = BASE_CUT_ALPHA) -> np.ndarray:

@@ -48,8 +48,8 @@ import functools
 from collections.abc import Callable
 
 import numpy as np
-from scipy.special import gammaln
 
+from . import special
 from .variance import mixture, multinomial_delta_variance
 
 
@@ -71,7 +71,7 @@ def binomial_loglik(successes, trials, probability, constant: bool = True) -> np
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.where(s > 0, s * np.log(p), 0.0) + np.where(t - s > 0, (t - s) * np.log1p(-p), 0.0)
         if constant:
-            out = out + gammaln(t + 1) - gammaln(s + 1) - gammaln(t - s + 1)
+            out = out + special.gammaln(t + 1) - special.gammaln(s + 1) - special.gammaln(t - s + 1)
     return np.where(np.isnan(out), -np.inf, out)
 
 

@@ -39,7 +39,8 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from scipy.special import gammainc
+
+from . import special
 
 SPLINE_DF = 12            # log-spline prior: degrees of freedom of the B-spline basis
 SPLINE_PENALTY = 0.1      # c0 of the penalty c0 ||alpha|| (Efron 2016 §3 uses ~1 for a few hundred cases)
@@ -149,7 +150,7 @@ def gamma_carrier(grid: np.ndarray, mean: float, var: float) -> np.ndarray:
         mass[np.argmin(np.abs(grid - max(mean, 0.0)))] = 1.0
     else:
         edges = np.concatenate([[0.0], (grid[1:] + grid[:-1]) / 2, [np.inf]])
-        cdf = gammainc(mean * mean / var, edges / (var / mean))       # the gamma's cdf
+        cdf = special.gammainc(mean * mean / var, edges / (var / mean))       # the gamma's cdf
         mass = np.diff(cdf)
     mass = np.maximum(mass / mass.sum(), CARRIER_FLOOR)
     return mass / mass.sum()

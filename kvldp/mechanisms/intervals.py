@@ -51,8 +51,8 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from scipy.special import gammaincinv, ndtr, ndtri
 
+from . import special
 from .countmodel import CountModel, binomial_loglik
 
 LEVEL = 0.95
@@ -62,7 +62,7 @@ FC_DELTAS = np.linspace(0.0, 8.0, 161)     # distances from the boundary of the 
 
 def critical_deviance(level: float = LEVEL) -> float:
     """``chi2_1(level)``: 3.841 for 95 %."""
-    return float(2.0 * gammaincinv(0.5, level))        # chi2(1)'s quantile, as scipy.stats.chi2.ppf
+    return float(2.0 * special.gammaincinv(0.5, level))        # chi2(1)'s quantile, as scipy.stats.chi2.ppf
 
 
 def _fc_coverage(delta, cut):
@@ -71,11 +71,10 @@ def _fc_coverage(delta, cut):
     ``(X - delta)^2`` for ``X >= 0``, ``delta^2 - 2 X delta`` for ``X < 0``
     (vectorised)."""
     delta, cut = np.broadcast_arrays(np.asarray(delta, dtype=np.float64), np.asarray(cut, dtype=np.float64))
-    root = np.sqrt(cut)
+    root, ndtr = np.sqrt(cut), special.ndtr
     above = ndtr(root) - ndtr(np.maximum(-root, -delta))
     with np.errstate(divide="ignore", invalid="ignore"):
-        below = np.where(delta > 0, np.maximum(0.0, ndtr(-delta) - ndtr(-(delta * delta + cut) / (2 * delta))),
-                         0.5)
+        below = np.where(delta > 0, np.maximum(0.0, ndtr(-delta) - ndtr(-(delta * delta + cut) / (2 * delta))), 0.5)
     return above + below
 
 
@@ -171,6 +170,6 @@ def grid_intervals(loglik: np.ndarray, m_grid: np.ndarray, level: float = LEVEL)
 def wald_intervals(raw, se, low: float, high: float, level: float = LEVEL):
     """The paper's ``raw ± z s.e.``, clipped into ``[low, high]`` (NaN where
     either is null)."""
-    z = float(-ndtri((1 - level) / 2))
+    z = float(-special.ndtri((1 - level) / 2))
     raw, se = np.asarray(raw, dtype=np.float64), np.asarray(se, dtype=np.float64)
     return np.clip(raw - z * se, low, high), np.clip(raw + z * se, low, high)

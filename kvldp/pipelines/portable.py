@@ -23,6 +23,8 @@ import sys
 
 import apache_beam
 
+from kvldp.pipelines import extras
+
 ALLOW_UNTESTED = "KVLDP_ALLOW_UNTESTED_RUNNER"
 PROBE_TIMEOUT_S = 10.0
 START_HINT = ("start one with `deploy/flink/flink.sh job-server --port PORT` (add `--flink-master HOST:8081` for a "
@@ -74,6 +76,8 @@ def check_runner(beam_args, version: str | None = None) -> None:
     from apache_beam.options.pipeline_options import FlinkRunnerOptions, PortableOptions, StandardOptions
     options = apache_beam.options.pipeline_options.PipelineOptions(list(beam_args))
     runner = (options.view_as(StandardOptions).runner or "").rsplit(".", 1)[-1]
+    if runner in ("DataflowRunner", "TestDataflowRunner"):
+        extras.require_gcp("the Dataflow runner")
     if runner not in ("FlinkRunner", "PortableRunner"):
         return
     if _untested_allowed():

@@ -26,7 +26,7 @@ import fastavro
 from apache_beam.io.filesystems import FileSystems
 
 from kvldp.mechanisms.randomness import fresh_seed
-from kvldp.pipelines import split
+from kvldp.pipelines import extras, split
 from kvldp.pipelines.pubsub_admin import ensure_subscription, ensure_topic
 from kvldp.pipelines.split import PerturbConfig
 from kvldp.pipelines.units import parse_duration, parse_instant_ms, pubsub_path
@@ -209,6 +209,7 @@ def _publish_round(config: PublishConfig, perturb: PerturbConfig, beam_args, bro
 
 
 def run(config: PublishConfig, beam_args) -> dict:
+    extras.require_gcp("Pub/Sub")
     perturb = config.perturb
     rounds = perturb.mechanism.make(2).max_rounds
     if rounds > 1 and (not config.broadcast_subscription or not config.window):

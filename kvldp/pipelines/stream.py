@@ -29,7 +29,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from kvldp.mechanisms.postprocess import DEFAULT as DEFAULT_POSTPROCESS
 from kvldp.mechanisms.postprocess import postprocess
 from kvldp.mechanisms.protocol import Collection
-from kvldp.pipelines import mechanism_args, runner, sources, split
+from kvldp.pipelines import extras, mechanism_args, runner, sources, split
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.postprocessing import add_postprocess_arg
 from kvldp.pipelines.pubsub_admin import ensure_subscription
@@ -294,6 +294,7 @@ def _install_sigint(monitor: Monitor):
 
 
 def run(config: StreamConfig, beam_args) -> dict:
+    extras.require_gcp("Pub/Sub")
     names = split.collect_key_names(config)
     protocol = config.mechanism.make(len(names), ioh_keys=(
         mechanism_args.named_keys(config.mechanism.ioh_keys, names) if config.mechanism.ioh_keys else None))
