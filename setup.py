@@ -18,7 +18,9 @@ setup(
         "apache-beam>=2.60,<3",
         "numpy>=1.24",
         "scipy>=1.10",
-        "fastavro>=1.8",
+        "fastavro>=1.13",
+        # report files' codec, Avro's "zstandard" (fastavro reads it through this before Python 3.14's compression.zstd)
+        "backports.zstd>=1.0; python_version < '3.14'",
         # columnar text IO: ratings CSV blocks, estimate files read back as columns (Beam depends on it too)
         "pyarrow>=14",
         # the clients' noise: AES-CTR / ChaCha20 bit generators for numpy (mechanisms/randomness.py)

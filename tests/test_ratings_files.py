@@ -179,3 +179,41 @@ def test_an_id_that_is_not_unicode_text_is_a_dead_letter(tmp_path):
     dead = [json.loads(line) for line in (tmp_path / "kvldp-rejected" / "r.rejected.jsonl").read_text().splitlines()]
     assert sorted(d["line"] for d in dead) == [2, 3]
     assert all("unpaired surrogate" in d["reason"] for d in dead)
+
+
+def test_stable_ids_are_made_only_for_jobs_that_recognise_devices(tmp_path):
+    """``ReadRatings(stable_ids=False)`` gives the same users without their
+    ids (``memo.user_uid``, a BLAKE2b a user: a fifth of assembling them);
+    the jobs ask for them only for the longitudinal mode and the ledger."""
+    import apache_beam as beam
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    from apache_beam.testing.util import BeamAssertException, assert_that
+
+    from kvldp.mechanisms import registry
+    from kvldp.mechanisms.longitudinal import longitudinal
+    from kvldp.mechanisms.memo import user_uid
+    from kvldp.pipelines import devices
+    from kvldp.transforms.ratings import ReadRatings
+
+    path = tmp_path / "r.csv"
+    path.write_text("user,item,rating\n" + "\n".join(rows(500)) + "\n")
+
+    def check(with_ids):
+        def same(batches):
+            users = sorted(batches, key=lambda b: b.batch_id)
+            if not users or any((b.user_ids is not None) != with_ids for b in users):
+                raise BeamAssertException(f"ids present: {[b.user_ids is not None for b in users]}")
+            if with_ids and not all(len(b.user_ids) == b.n_users and b.user_ids.dtype == np.uint64 for b in users):
+                raise BeamAssertException("one stable id per user")
+            if sum(b.n_users for b in users) != 500:
+                raise BeamAssertException("users lost")
+        return same
+
+    for with_ids in (True, False):
+        with beam.Pipeline(runner=FnApiRunner()) as p:
+            read = p | ReadRatings(str(path), (1.0, 5.0), ["i0", "i1", "i2"], stable_ids=with_ids)
+            assert_that(read["users"], check(with_ids))
+    assert user_uid(["u1"]).dtype == np.uint64
+    plain = registry.make("pckv-grr", 3, 2.0)
+    assert not devices.needs_stable_ids(plain) and devices.needs_stable_ids(plain, gate=object())
+    assert devices.needs_stable_ids(longitudinal(registry.make("pckv-grr", 3, 2.0), eps_1=1.0))

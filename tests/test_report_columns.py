@@ -4,6 +4,7 @@ mechanism's reports survive the round trip bit for bit, files of the
 per-report format still read, and a file is no larger than before."""
 from __future__ import annotations
 
+import copy
 import io
 
 import fastavro
@@ -94,6 +95,47 @@ def test_columns_take_their_smallest_type():
     signs = envelope.encode_column("symbols", np.array([-1, 1, 1, -1], dtype=np.int8))
     assert (signs["bits"], signs["offset"], len(signs["data"])) == (1, -1, 1)
     assert np.array_equal(envelope.decode_column(signs), [-1, 1, 1, -1])
+
+
+def test_a_mostly_sorted_column_is_stored_as_differences_and_read_back_exactly():
+    rng = np.random.default_rng(4)
+    for d, dtype in ((200, "|u1"), (5000, "<u2"), (70_000, "<u4")):
+        # UE positions: sorted within each report, restarting at the next (the wrap-around of a difference)
+        positions = np.concatenate([np.sort(rng.choice(d, size=rng.integers(20, 80), replace=False))
+                                    for _ in range(300)])
+        column = envelope.encode_column("positions", positions)
+        assert column["delta"] and column["dtype"] == dtype
+        stored = np.frombuffer(column["data"], dtype)
+        assert np.median(stored) < d / 20          # small steps, not positions
+        back = envelope.decode_column(column)
+        assert back.dtype == np.dtype(dtype) and np.array_equal(back, positions)
+    unsorted = rng.integers(0, 5000, size=1000)      # GRR's one key per report
+    assert not envelope.encode_column("positions", unsorted)["delta"]
+    assert np.array_equal(envelope.decode_column(envelope.encode_column("positions", unsorted)), unsorted)
+    for edge in (np.array([], dtype=np.uint16), np.array([7]), np.array([65535, 0, 65535, 1])):
+        assert np.array_equal(envelope.decode_column(envelope.encode_column("positions", edge)), edge)
+
+
+def test_files_of_the_deflate_format_before_differences_still_read():
+    """Report files written before the ``delta`` field and Zstandard (deflate,
+    columns as values) read to the same reports."""
+    proto, reports = reports_of("pckv-ue", n=2000, d=300, eps=1.0)
+    old_schema = copy.deepcopy(schemas.load(schemas.REPORT_COLUMNS))      # the cached dict stays as it is
+    column = old_schema["fields"][2]["type"]["items"]
+    column["fields"] = [f for f in column["fields"] if f["name"] != "delta"]
+    records = []
+    for record in envelope.column_records(reports):
+        for c in record["columns"]:
+            if c.pop("delta"):
+                c["data"] = np.cumsum(np.frombuffer(c["data"], c["dtype"]), dtype=c["dtype"]).tobytes()
+        records.append(record)
+    buf = io.BytesIO()
+    fastavro.writer(buf, fastavro.parse_schema(old_schema), records, codec="deflate",
+                    metadata={envelope.CONFIG_METADATA_KEY: envelope.canonical_config(CONFIG)})
+    [back] = envelope.ReportContainer(io.BytesIO(buf.getvalue())).batches(proto, 0, batch_id=reports.batch_id)
+    assert back.equals(reports)
+    new = fastavro.reader(io.BytesIO(envelope.reports_bytes(reports, CONFIG)))
+    assert new.codec == "zstandard" and any(c["delta"] for r in new for c in r["columns"])
 
 
 def test_a_record_whose_columns_disagree_with_its_count_is_refused():

@@ -94,6 +94,12 @@ class LedgerConfig:
         return LedgerGate(self.path, policy, DeviceKeys.from_seed(seed), isinstance(mechanism, Longitudinal))
 
 
+def needs_stable_ids(mechanism, gate=None) -> bool:
+    """Whether a job's users need their stable ids: the longitudinal mode
+    derives each device's secret from it, the ledger charges it."""
+    return isinstance(mechanism, Longitudinal) or gate is not None
+
+
 def perturbing_side(mechanism, seed: int, collection: str):
     """The mechanism as the perturbing side runs it: a longitudinal one gets
     the device keys derived from the run seed and the collection id."""

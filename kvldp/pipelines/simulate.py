@@ -88,7 +88,7 @@ def execute(config: SimulateConfig, beam_args) -> dict:
     # longitudinal: device secrets from the run seed, the collection id as every run without --collection-id
     mechanism = devices.perturbing_side(mechanism, seeds.perturb, Collection.from_seed(seeds.perturb).id)
     p = runner.make_pipeline(beam_args)
-    source = sources.user_source(p, data, dataset, dictionary)
+    source = sources.user_source(p, data, dataset, dictionary, devices.needs_stable_ids(mechanism))
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
     # users -> state after round 1 -> … -> final state -> records (+ summary)
     run = simulate_graph(source, mechanism, seeds.perturb, config.fanout,

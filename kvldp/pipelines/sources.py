@@ -264,9 +264,10 @@ class DataConfig:
                 f"{self.max_reject_rate:.1%}: the reasons are in {dead_letter}; fix the input (--rating-range, "
                 "--key-dictionary, columns) or raise --max-reject-rate")
 
-    def read_ratings(self, dictionary: Sequence[str] | None) -> ReadRatings:
-        """The transform reading this config's ratings files."""
-        return ReadRatings(self.dataset, self.rating_range, dictionary, self.ratings_format, self.shards)
+    def read_ratings(self, dictionary: Sequence[str] | None, stable_ids: bool = True) -> ReadRatings:
+        """The transform reading this config's ratings files (``stable_ids``: see ``ReadRatings``)."""
+        return ReadRatings(self.dataset, self.rating_range, dictionary, self.ratings_format, self.shards,
+                           stable_ids)
 
 
 class TooManyRejected(ValueError):
@@ -420,16 +421,17 @@ def users_prepass(data: DataConfig, beam_args, dictionary: Sequence[str], per_ba
     ``per_batch(UserBatch)`` over every batch."""
     path = scratch_path(beam_args, f"{name}.npy")
     p = make_pipeline(beam_args)
-    sum_per_batch(user_source(p, data, None, dictionary).users, per_batch, path, name)
+    sum_per_batch(user_source(p, data, None, dictionary, stable_ids=False).users, per_batch, path, name)
     with Progress():
         finish(p.run())
     return read_array(path)
 
 
 def user_source(p: beam.Pipeline, data: DataConfig, dataset: Dataset | None,
-                dictionary: Sequence[str] | None = None) -> UserSource:
+                dictionary: Sequence[str] | None = None, stable_ids: bool = True) -> UserSource:
     """Generate a built-in dataset's batches on the workers, or read ratings
-    (``dictionary``: the key dictionary for ratings files)."""
+    (``dictionary``: the key dictionary for ratings files; ``stable_ids``:
+    whether the job needs its users' stable ids, ``devices.needs_stable_ids``)."""
     if dataset is not None:
         # Create already reshuffles its elements over the workers (a second Reshuffle was a stage of its own)
         specs = p | "BatchSpecs" >> beam.Create(dataset.specs(data.sized_batch))
@@ -438,7 +440,7 @@ def user_source(p: beam.Pipeline, data: DataConfig, dataset: Dataset | None,
         # a generated dataset pickles as its parameters: its recipes are cheaper than its users
         recipes = UserRecipes(specs, dataset.batch) if dataset.generated else None
         return UserSource(users, names, None, dataset.d, recipes)
-    read = p | "ReadRatings" >> data.read_ratings(dictionary)
+    read = p | "ReadRatings" >> data.read_ratings(dictionary, stable_ids)
     return UserSource(typed_users(read["users"]), read["dictionary"], read[DEAD_LETTER], len(dictionary))
 
 

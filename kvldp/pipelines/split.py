@@ -238,7 +238,7 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
     if stale:
         print(f"removed {len(stale)} file(s) of an earlier run under {prefix}", file=sys.stderr)
     p = runner.make_pipeline(beam_args)
-    source = sources.user_source(p, data, dataset, dictionary)
+    source = sources.user_source(p, data, dataset, dictionary, devices.needs_stable_ids(mechanism, gate))
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
     reports = source.users | "Perturb" >> Perturb(mechanism, seeds.perturb, r, state, gate=gate)
     reports | "WriteReports" >> WriteReports(prefix, round_cfg)

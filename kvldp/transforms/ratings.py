@@ -532,9 +532,14 @@ def _finite_or_str(x: float):
 @beam.typehints.with_output_types(UserBatch)
 class AssembleUsersFn(beam.DoFn):
     """``(shard, chunks) -> UserBatch`` sorted by user id; a key a user holds
-    twice is rejected (every row of it: which one is right is unknowable)."""
+    twice is rejected (every row of it: which one is right is unknowable).
+    ``stable_ids``: each user's stable 64-bit id (``memo.user_uid``, a
+    BLAKE2b of the id string, ~2 us a user) for what recognises a device
+    across collections (the longitudinal mode, the ledger); others go
+    without."""
 
-    def __init__(self):
+    def __init__(self, stable_ids: bool = True):
+        self._stable_ids = stable_ids
         self._accepted = tally.counter("rows_accepted")
         self._rejected = tally.counter("rows_rejected")
         self._users = tally.counter("users_assembled")
@@ -574,8 +579,9 @@ class AssembleUsersFn(beam.DoFn):
         if not len(present):
             return
         sizes = np.bincount(np.searchsorted(present, held_by), minlength=len(present))
+        ids = user_uid(take(names, present).to_pylist()) if self._stable_ids else None
         yield UserBatch(np.concatenate([[0], np.cumsum(sizes)]), cat["keys"][keep], cat["values"][keep],
-                        batch_id=int(shard), user_ids=user_uid(take(names, present).to_pylist()))
+                        batch_id=int(shard), user_ids=ids)
 
 
 class ReadRatings(beam.PTransform):
@@ -584,10 +590,12 @@ class ReadRatings(beam.PTransform):
     ``key_dictionary``: the public list of item ids (index = key); ``None``
     derives it from the data (sorted distinct items), which is convenient for
     experiments but tells the collector which items anyone rated.
+    ``stable_ids``: give each user its stable id (``AssembleUsersFn``).
     """
 
     def __init__(self, pattern: str, rating_range=(-1.0, 1.0), key_dictionary: Sequence[str] | None = None,
-                 ratings_format: RatingsFormat = RatingsFormat(), shards: int = 16, label: str | None = None):
+                 ratings_format: RatingsFormat = RatingsFormat(), shards: int = 16, stable_ids: bool = True,
+                 label: str | None = None):
         super().__init__(label)
         if shards < 1:
             raise ValueError("shards must be >= 1")
@@ -595,6 +603,7 @@ class ReadRatings(beam.PTransform):
         self._parse = ParseRatingFileFn(ratings_format)
         self._shards = shards
         self._validate = ValidateAndShardFn(self._range, shards)
+        self._stable_ids = stable_ids
 
     def expand(self, pbegin):
         parsed = (pbegin
@@ -612,7 +621,7 @@ class ReadRatings(beam.PTransform):
         # sharded: (shard, chunk) -> users: UserBatch per shard
         users = (valid.sharded
                  | "GroupShards" >> beam.GroupByKey()
-                 | "Assemble" >> beam.ParDo(AssembleUsersFn()).with_outputs(DEAD_LETTER, main="users"))
+                 | "Assemble" >> beam.ParDo(AssembleUsersFn(self._stable_ids)).with_outputs(DEAD_LETTER, main="users"))
         dead = ((parsed[DEAD_LETTER], valid[DEAD_LETTER], users[DEAD_LETTER])
                 | "DeadLetters" >> beam.Flatten())
         return {"users": users.users, DEAD_LETTER: dead, "dictionary": dictionary}
