@@ -21,12 +21,13 @@ def test_the_sweep_writes_its_table_and_figure(tmp_path, capsys):
 
     out = tmp_path / "bench"
     assert cli.main(["bench", "--sweep", str(out), "--mechanisms", "pckv-grr,ks-grr", "--sizes", "2000,4000",
-                     "--keys", "12", "--kernels"]) == 0
+                     "--keys", "12", "--kernels", "--repeats", "1"]) == 0
     with open(out / "bench.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert {(r["mechanism"], r["users"], r["path"]) for r in rows} == {
         (m, n, p) for m in ("pckv-grr", "ks-grr") for n in ("2000", "4000") for p in ("numpy", "beam")}
-    assert all(r["error"] == "" and r["identical"] == "True" and float(r["peak_rss_mb"]) > 50 for r in rows)
+    assert all(r["error"] == "" and r["identical"] == "True" and float(r["peak_rss_mb"]) > 50 and r["runs"] == "1"
+               for r in rows)
     assert all(float(r["command_seconds"]) > float(r["seconds"]) for r in rows)       # imports included
     assert (out / "bench.png").stat().st_size > 10_000
     with open(out / "kernels.csv", newline="") as fh:
@@ -51,3 +52,23 @@ def test_estimates_come_back_in_the_runner_order():
     with pytest.raises(KeyError):
         in_key_order(np.array([], dtype=int), np.array([]), [0])
     assert in_key_order(keys, values, []).tolist() == []
+
+
+def test_a_sweep_point_is_its_fastest_run_with_the_largest_peak(monkeypatch, tmp_path):
+    """``--repeats k``: each point runs k times; its row is the fastest run,
+    its memory the largest any run peaked at, and a failure is reported."""
+    import numpy as np
+
+    from kvldp.pipelines import bench_sweep
+
+    runs = iter([(2.0, 300), (1.0, 200), (1.5, 400)])
+
+    def fake(path, name, users, keys, seed, epsilon, work):
+        seconds, peak = next(runs)
+        return {"path": path, "seconds": seconds, "peak_rss_mb": peak, "error": ""}, np.full(3, seconds)
+
+    monkeypatch.setattr(bench_sweep, "run_one", fake)
+    row, frequency = bench_sweep.best_of("beam", "pckv-grr", 10, 5, 1, 4.0, tmp_path, 3)
+    assert (row["seconds"], row["peak_rss_mb"], row["runs"]) == (1.0, 400, 3) and frequency.tolist() == [1.0] * 3
+    monkeypatch.setattr(bench_sweep, "run_one", lambda *a: ({"error": "boom"}, None))
+    assert bench_sweep.best_of("beam", "pckv-grr", 10, 5, 1, 4.0, tmp_path, 3) == ({"error": "boom"}, None)

@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--seed", type=int, default=1)
     sources.add_fast_rng_arg(parser)
     parser.add_argument("--repeats", type=sources.positive_int, default=3,
-                        help="timed runs of each path; the best is reported (the first pays one-off warm-up)")
+                        help="timed runs of each path (each point of a sweep); the best is reported (the first "
+                             "pays one-off warm-up; runs on shared cores vary)")
     sweep = parser.add_argument_group("a sweep: every mechanism at several sizes (bench.csv + bench.png)")
     sweep.add_argument("--sweep", default=None, type=path_arg, metavar="DIR",
                        help="run the sweep into DIR: each (mechanism, users, path) in a process of its own")
@@ -154,7 +155,7 @@ def run_sweep(config: BenchConfig) -> dict:
     out = Path(config.sweep)
     seed = config.data.seed if config.data.seed is not None else 1
     rows = bench_sweep.run_sweep(config.mechanisms, config.sizes, config.data.keys, seed,
-                                 config.mechanism.epsilon, out)
+                                 config.mechanism.epsilon, out, repeats=config.repeats)
     print(f"sweep: {out / 'bench.csv'}, {out / 'bench.png'}")
     result = {"rows": rows}
     if config.kernels:
@@ -164,7 +165,7 @@ def run_sweep(config: BenchConfig) -> dict:
             print(f"kernel {r['oracle']}: kvldp {r['kvldp_users_per_s'] / 1e6:.2f} M/s, plain NumPy floor "
                   f"{r['floor_users_per_s'] / 1e6:.2f} M/s: kvldp takes {r['floor_over_kvldp']:.2f}x the floor's time")
         peer_rows = bench_kernels.peers(tuple(n for n in config.sizes if n <= 1_000_000), config.data.keys,
-                                        config.mechanism.epsilon, seed)
+                                        config.mechanism.epsilon, seed, repeats=config.repeats)
         for r in peer_rows:
             print(f"{r['who']:28s} {r['oracle']} n={r['users']:>9,}: {r['seconds']:8.1f} s (whole command)"
                   + (f" FAILED {r['error']}" if r["error"] else ""))
