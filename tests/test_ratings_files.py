@@ -5,6 +5,7 @@ rejected); item ids are kept exactly, so ids that differ only in whitespace
 stay two keys instead of colliding in the dictionary."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -217,3 +218,26 @@ def test_stable_ids_are_made_only_for_jobs_that_recognise_devices(tmp_path):
     plain = registry.make("pckv-grr", 3, 2.0)
     assert not devices.needs_stable_ids(plain) and devices.needs_stable_ids(plain, gate=object())
     assert devices.needs_stable_ids(longitudinal(registry.make("pckv-grr", 3, 2.0), eps_1=1.0))
+
+
+def test_a_shard_larger_than_the_batch_size_is_split_into_consecutive_batches():
+    """``split_shard``: a shard that fits stays one batch with its own id (its
+    noise and groups unchanged); a larger one becomes batches of at most
+    ``max_users`` consecutive users, ids ``shard + k * shards``, distinct
+    across shards, the users and their pairs in order."""
+    from kvldp.mechanisms.base import UserBatch
+    from kvldp.transforms.ratings import split_shard
+
+    rng = np.random.default_rng(2)
+    sizes = rng.integers(1, 5, size=23)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    users = UserBatch(offsets, rng.integers(0, 50, offsets[-1]), rng.uniform(-1, 1, offsets[-1]), batch_id=3,
+                      user_ids=np.arange(100, 123, dtype=np.uint64))
+    assert [b.batch_id for b in split_shard(users, 16, 23)] == [3] and next(split_shard(users, 16, None)) is users
+    parts = list(split_shard(users, 16, 10))
+    assert [b.batch_id for b in parts] == [3, 19, 35] and [b.n_users for b in parts] == [10, 10, 3]
+    again = UserBatch.concat(parts, batch_id=3)
+    for field in ("offsets", "keys", "values", "user_ids"):
+        assert np.array_equal(getattr(again, field), getattr(users, field)), field
+    other_shard = {b.batch_id for b in split_shard(dataclasses.replace(users, batch_id=4), 16, 10)}
+    assert other_shard == {4, 20, 36} and not other_shard & {b.batch_id for b in parts}

@@ -21,7 +21,7 @@ import glob
 import numpy as np
 import pytest
 
-from kvldp.mechanisms import registry
+from kvldp.mechanisms import registry, sizing
 from kvldp.mechanisms.protocol import Collection, Protocol
 from kvldp.pipelines import cli
 from kvldp.pipelines.split import read_broadcast
@@ -50,10 +50,12 @@ def perturbed(monkeypatch):
     """``{round index: keys (= users) the perturbing side perturbed}``."""
     seen: dict[int, list] = {}
     real = Protocol.participants
+    probe = Collection.from_seed(sizing.PROBE_SEED).id      # the batch sizing's synthetic probe users: not the run's
 
-    def spy(self, round_index, users, *rest):
-        mine = real(self, round_index, users, *rest)
-        seen.setdefault(round_index, []).append(mine.keys.copy())
+    def spy(self, round_index, users, state, *rest):
+        mine = real(self, round_index, users, state, *rest)
+        if state.collection is None or state.collection.id != probe:
+            seen.setdefault(round_index, []).append(mine.keys.copy())
         return mine
 
     monkeypatch.setattr(Protocol, "participants", spy)

@@ -86,6 +86,14 @@ class UserBatch:
         return UserBatch(np.concatenate([[0], np.cumsum(sizes)]), self.keys[pairs], self.values[pairs],
                          self.batch_id, None if self.user_ids is None else self.user_ids[index])
 
+    def rows(self, start: int, stop: int, batch_id: int | None = None) -> UserBatch:
+        """Users ``start … stop-1`` (views of this batch's arrays), as batch
+        ``batch_id`` (by default this one's)."""
+        lo, hi = self.offsets[start], self.offsets[stop]
+        return UserBatch(self.offsets[start:stop + 1] - lo, self.keys[lo:hi], self.values[lo:hi],
+                         self.batch_id if batch_id is None else batch_id,
+                         None if self.user_ids is None else self.user_ids[start:stop])
+
     def with_ids(self, user_ids) -> UserBatch:
         """The same users with stable ids ``user_ids``."""
         return dataclasses.replace(self, user_ids=user_ids)

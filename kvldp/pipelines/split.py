@@ -177,7 +177,7 @@ def ingest_layout(data: DataConfig, dataset) -> str:
     """How the perturbing side turns users into (batch, position): a user's
     group depends on it, so every round must batch alike."""
     if dataset is None:
-        return f"ratings shards={data.shards}"
+        return f"ratings shards={data.shards} batch_size={data.sized_batch}"
     return f"{dataset.name} users={dataset.n_users} batch_size={data.sized_batch}"
 
 

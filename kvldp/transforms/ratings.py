@@ -530,16 +530,31 @@ def _finite_or_str(x: float):
 
 
 @beam.typehints.with_output_types(UserBatch)
+def split_shard(users: UserBatch, shards: int, max_users: int | None):
+    """Shard ``users.batch_id`` (of ``shards``) as batches of at most
+    ``max_users`` consecutive users: part ``k`` is batch ``shard + k *
+    shards``, so every batch id is distinct and a shard that fits keeps its
+    own id (and so its noise and its users' groups)."""
+    n = users.n_users
+    if not max_users or n <= max_users:
+        yield users
+        return
+    for k, start in enumerate(range(0, n, max_users)):
+        yield users.rows(start, min(n, start + max_users), batch_id=users.batch_id + k * shards)
+
+
 class AssembleUsersFn(beam.DoFn):
     """``(shard, chunks) -> UserBatch`` sorted by user id; a key a user holds
     twice is rejected (every row of it: which one is right is unknowable).
     ``stable_ids``: each user's stable 64-bit id (``memo.user_uid``, a
     BLAKE2b of the id string, ~2 us a user) for what recognises a device
     across collections (the longitudinal mode, the ledger); others go
-    without."""
+    without. ``max_users``: a shard of more users comes out as consecutive
+    batches of at most that many (``split_shard``), so a batch's reports fit
+    the memory budget whatever the report's width (``mechanisms.sizing``)."""
 
-    def __init__(self, stable_ids: bool = True):
-        self._stable_ids = stable_ids
+    def __init__(self, stable_ids: bool = True, max_users: int | None = None, shards: int = 1):
+        self._stable_ids, self._max_users, self._shards = stable_ids, max_users, shards
         self._accepted = tally.counter("rows_accepted")
         self._rejected = tally.counter("rows_rejected")
         self._users = tally.counter("users_assembled")
@@ -580,8 +595,9 @@ class AssembleUsersFn(beam.DoFn):
             return
         sizes = np.bincount(np.searchsorted(present, held_by), minlength=len(present))
         ids = user_uid(take(names, present).to_pylist()) if self._stable_ids else None
-        yield UserBatch(np.concatenate([[0], np.cumsum(sizes)]), cat["keys"][keep], cat["values"][keep],
-                        batch_id=int(shard), user_ids=ids)
+        users = UserBatch(np.concatenate([[0], np.cumsum(sizes)]), cat["keys"][keep], cat["values"][keep],
+                          batch_id=int(shard), user_ids=ids)
+        yield from split_shard(users, self._shards, self._max_users)
 
 
 class ReadRatings(beam.PTransform):
@@ -590,12 +606,13 @@ class ReadRatings(beam.PTransform):
     ``key_dictionary``: the public list of item ids (index = key); ``None``
     derives it from the data (sorted distinct items), which is convenient for
     experiments but tells the collector which items anyone rated.
-    ``stable_ids``: give each user its stable id (``AssembleUsersFn``).
+    ``stable_ids``: give each user its stable id (``AssembleUsersFn``);
+    ``max_batch_users``: split a shard into batches of at most this many.
     """
 
     def __init__(self, pattern: str, rating_range=(-1.0, 1.0), key_dictionary: Sequence[str] | None = None,
                  ratings_format: RatingsFormat = RatingsFormat(), shards: int = 16, stable_ids: bool = True,
-                 label: str | None = None):
+                 max_batch_users: int | None = None, label: str | None = None):
         super().__init__(label)
         if shards < 1:
             raise ValueError("shards must be >= 1")
@@ -603,7 +620,7 @@ class ReadRatings(beam.PTransform):
         self._parse = ParseRatingFileFn(ratings_format)
         self._shards = shards
         self._validate = ValidateAndShardFn(self._range, shards)
-        self._stable_ids = stable_ids
+        self._stable_ids, self._max_users = stable_ids, max_batch_users
 
     def expand(self, pbegin):
         parsed = (pbegin
@@ -621,7 +638,8 @@ class ReadRatings(beam.PTransform):
         # sharded: (shard, chunk) -> users: UserBatch per shard
         users = (valid.sharded
                  | "GroupShards" >> beam.GroupByKey()
-                 | "Assemble" >> beam.ParDo(AssembleUsersFn(self._stable_ids)).with_outputs(DEAD_LETTER, main="users"))
+                 | "Assemble" >> beam.ParDo(AssembleUsersFn(self._stable_ids, self._max_users, self._shards))
+                 .with_outputs(DEAD_LETTER, main="users"))
         dead = ((parsed[DEAD_LETTER], valid[DEAD_LETTER], users[DEAD_LETTER])
                 | "DeadLetters" >> beam.Flatten())
         return {"users": users.users, DEAD_LETTER: dead, "dictionary": dictionary}
