@@ -529,7 +529,6 @@ def _finite_or_str(x: float):
     return float(x) if math.isfinite(x) else str(x)
 
 
-@beam.typehints.with_output_types(UserBatch)
 def split_shard(users: UserBatch, shards: int, max_users: int | None):
     """Shard ``users.batch_id`` (of ``shards``) as batches of at most
     ``max_users`` consecutive users: part ``k`` is batch ``shard + k *
@@ -543,6 +542,7 @@ def split_shard(users: UserBatch, shards: int, max_users: int | None):
         yield users.rows(start, min(n, start + max_users), batch_id=users.batch_id + k * shards)
 
 
+@beam.typehints.with_output_types(UserBatch)
 class AssembleUsersFn(beam.DoFn):
     """``(shard, chunks) -> UserBatch`` sorted by user id; a key a user holds
     twice is rejected (every row of it: which one is right is unknowable).
