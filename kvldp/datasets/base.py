@@ -129,10 +129,8 @@ class InMemoryDataset(Dataset):
     def batch(self, batch_id: int, start: int, stop: int) -> UserBatch:
         """Users ``start … stop-1``; their ids are the loaded users' own, or
         their index in the dataset."""
-        lo, hi = self.users.offsets[start], self.users.offsets[stop]
-        ids = self.users.user_ids[start:stop] if self.users.user_ids is not None else np.arange(start, stop)
-        return UserBatch(self.users.offsets[start:stop + 1] - lo, self.users.keys[lo:hi],
-                         self.users.values[lo:hi], batch_id, ids)
+        users = self.users.rows(start, stop, batch_id)
+        return users if users.user_ids is not None else users.with_ids(np.arange(start, stop))
 
 
 def _gather_pairs(offsets: np.ndarray, pick: np.ndarray, sizes: np.ndarray) -> np.ndarray:

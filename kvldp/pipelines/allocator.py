@@ -55,6 +55,7 @@ def one_arena() -> None:
         libc.mallopt(M_ARENA_MAX, 1)
 
 
+@functools.cache
 def settle_imports() -> None:
     """Move every object that exists now into the collector's permanent
     generation (``gc.freeze``), so later full collections skip them.
@@ -64,12 +65,7 @@ def settle_imports() -> None:
     the process (a collection right after the imports finds nothing
     unreachable). Later calls do nothing: a second freeze would also pin
     whatever the jobs since left for the collector to free."""
-    if not _settled:
-        _settled.append(True)
-        gc.freeze()
-
-
-_settled: list[bool] = []
+    gc.freeze()
 
 
 def release_freed_memory() -> None:

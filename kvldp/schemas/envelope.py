@@ -134,11 +134,7 @@ def differences(array: np.ndarray) -> np.ndarray:
     the unsigned type: sorted positions become small numbers, and a report's
     first position, which follows the previous report's last, wraps around.
     ``np.cumsum`` in the same type undoes it exactly."""
-    out = np.empty_like(array)
-    if array.size:
-        out[0] = array[0]
-        np.subtract(array[1:], array[:-1], out=out[1:])      # unsigned: wraps modulo 2^bits
-    return out
+    return np.diff(array, prepend=array.dtype.type(0))      # unsigned: wraps modulo 2^bits
 
 
 def column_records(reports, chunk: int = COLUMN_CHUNK) -> Iterator[dict]:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import threading
 import types
 
 from apache_beam.transforms import core, userstate
@@ -42,8 +41,7 @@ _PLAIN_ATTRIBUTES = (types.FunctionType, classmethod, staticmethod, types.Builti
                      types.ClassMethodDescriptorType, types.GetSetDescriptorType, types.MemberDescriptorType)
 
 _original = userstate.get_dofn_specs
-_answers: dict = {}
-_lock = threading.Lock()
+_answers: dict = {}          # setting a key is atomic; two threads that both miss just compute it twice
 
 
 @functools.cache
@@ -70,9 +68,7 @@ def get_dofn_specs(dofn) -> tuple[set, set]:
     key = (cls, frozenset(name for name in own if hasattr(cls, name)))
     found = _answers.get(key)
     if found is None:
-        found = _original(dofn)
-        with _lock:
-            _answers[key] = found
+        found = _answers[key] = _original(dofn)
     states, timers = found
     return set(states), set(timers)             # callers own the sets they get, as from Beam's
 
