@@ -107,7 +107,27 @@ def test_stateful_and_timer_dofns_keep_their_specs_for_every_instance():
     assert dofn_specs.get_dofn_specs(_Stateful())[0] == {COUNT}
 
 
-def test_what_the_class_does_not_decide_is_asked_of_beam_each_time():
+class _HoldsABoundMethod(beam.DoFn):
+    """Holds a bound method as data (PrivKVM+'s later rounds hold ``Dataset.batch``)."""
+
+    def __init__(self, method):
+        super().__init__()
+        self.rebuild = method
+
+    def process(self, element):
+        yield element
+
+
+def test_held_bound_methods_are_keyed_by_their_function():
+    stateless, stateful = _HoldsABoundMethod(_Plain().process), _HoldsABoundMethod(_Stateful().process)
+    for _ in range(2):
+        assert _same(stateless) and _same(stateful)
+        assert dofn_specs.get_dofn_specs(stateful)[0] == {COUNT}
+        assert dofn_specs.get_dofn_specs(_HoldsABoundMethod(_Stateful().process))[0] == {COUNT}   # another instance
+        assert not dofn_specs.get_dofn_specs(_HoldsABoundMethod(_Plain().process))[0]
+
+
+def test_what_the_class_does_not_decide_gets_beams_answer():
     borrowed = _BorrowsAStatefulProcess()
     assert dofn_specs.get_dofn_specs(borrowed)[0] == {COUNT}
     assert not dofn_specs._plain_class(_PropertyMakesAMethod)

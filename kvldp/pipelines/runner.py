@@ -27,9 +27,9 @@ from apache_beam.options.pipeline_options import (
     StandardOptions,
     TestOptions,
 )
-from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from kvldp.pipelines.allocator import release_freed_memory
+from kvldp.pipelines.local_runner import LocalRunner
 from kvldp.transforms import tally
 
 SAFE_RUNNING_MODE = "in_memory"
@@ -93,7 +93,7 @@ def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
         warnings.warn("--direct_running_mode multi_threading can corrupt elements in Beam's local runner "
                       "(a timed flush splits an element: runaway memory, 'Unknown type tag' or lost batches); "
                       f"the default, {SAFE_RUNNING_MODE}, is safe", RuntimeWarning, stacklevel=2)
-    return beam.Pipeline(runner=FnApiRunner(), options=options)
+    return beam.Pipeline(runner=LocalRunner(), options=options)
 
 
 class DryRunFinished(Exception):

@@ -14,12 +14,17 @@ a plain instance those are its class's functions: an instance attribute
 that shadows one with a value that is not a bound method hides it from
 Beam's walk too, whatever the value (``CallableWrapperDoFn.process`` is the
 wrapped function). So the answer is kept per (class, names the instance
-shadows), computed by Beam's own function the first time. An instance
-that holds a bound method of its own, or a class that makes attributes
-on access (``__getattr__``, ``__getattribute__``, ``__slots__``, a property
-or any other descriptor that is not a plain, class- or static method --
-but ``DoFn``'s own properties, which answer booleans), is asked the
-original way every time. ``tests/test_dofn_specs.py`` checks the
+shadows, the functions behind the bound methods it holds), computed by
+Beam's own function the first time. A bound method's answer is its
+function's signature (``MethodWrapper`` reads the defaults of
+``inspect.signature``, which for a bound method is its ``__func__``'s minus
+the first parameter), so an instance that holds one -- PrivKVM+'s later
+rounds hold ``Dataset.batch`` bound to their dataset, 72 walks a job --
+is keyed by that function. A class that makes attributes on access
+(``__getattr__``, ``__getattribute__``, ``__slots__``, a property or any
+other descriptor that is not a plain, class- or static method -- but
+``DoFn``'s own properties, which answer booleans) is asked the original way
+every time. ``tests/test_dofn_specs.py`` checks the
 memo against Beam's function on every DoFn of kvldp's graphs and on
 stateful, timer and bound-method DoFns.
 
@@ -63,9 +68,10 @@ def get_dofn_specs(dofn) -> tuple[set, set]:
     """``userstate.get_dofn_specs``, memoised per class (see the module doc)."""
     cls = type(dofn)
     own = getattr(dofn, "__dict__", None)
-    if own is None or not _plain_class(cls) or any(isinstance(v, types.MethodType) for v in own.values()):
+    if own is None or not _plain_class(cls):
         return _original(dofn)
-    key = (cls, frozenset(name for name in own if hasattr(cls, name)))
+    key = (cls, frozenset(name for name in own if hasattr(cls, name)),
+           frozenset((name, v.__func__) for name, v in own.items() if isinstance(v, types.MethodType)))
     found = _answers.get(key)
     if found is None:
         found = _answers[key] = _original(dofn)

@@ -1,0 +1,84 @@
+"""The local runner (``kvldp/pipelines/local_runner.py``): a one-element stage
+runs on one worker, a stage with work for both on both, and the output is
+Beam's; in-process jobs pickle with zlib and every payload still loads."""
+from __future__ import annotations
+
+import threading
+
+import apache_beam as beam
+import pytest
+from apache_beam.internal import pickler
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.testing.util import assert_that, equal_to
+
+from kvldp.pipelines import local_runner, runner
+
+_SETUPS: dict[str, set[int]] = {}
+_LOCK = threading.Lock()
+
+
+class _RecordWorkers(beam.DoFn):
+    """Records which DoFn instances (one per worker that sets the stage up) ran."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def setup(self):
+        with _LOCK:
+            _SETUPS.setdefault(self._name, set()).add(id(self))
+
+    def process(self, element):
+        yield element
+
+
+def _graph(p):
+    one = p | "One" >> beam.Create([7]) | "OneStage" >> beam.ParDo(_RecordWorkers("one"))
+    many = (p | "Many" >> beam.Create(range(1000)) | beam.Reshuffle()
+            | "ManyStage" >> beam.ParDo(_RecordWorkers("many")))
+    total = many | beam.CombineGlobally(sum)
+    return one, total
+
+
+@pytest.mark.parametrize("make_runner, one_stage_workers", [(local_runner.LocalRunner, 1), (FnApiRunner, 2)])
+def test_one_element_stages_run_on_one_worker_and_outputs_are_beams(make_runner, one_stage_workers):
+    _SETUPS.clear()
+    options = runner.JobOptions(["--direct_num_workers=2", "--direct_running_mode=in_memory"])
+    with beam.Pipeline(runner=make_runner(), options=options) as p:
+        one, total = _graph(p)
+        assert_that(one, equal_to([7]), label="OneIsKept")
+        assert_that(total, equal_to([sum(range(1000))]), label="TotalIsKept")
+    assert len(_SETUPS["one"]) == one_stage_workers
+    assert len(_SETUPS["many"]) == 2          # a stage with work for both workers still uses both
+
+
+def test_the_cli_pipeline_runs_on_the_local_runner():
+    assert isinstance(runner.make_pipeline([]).runner, local_runner.LocalRunner)
+
+
+class _PickleInside(beam.DoFn):
+    def process(self, element):
+        yield local_runner.is_zlib_payload(pickler.dumps(element))
+
+
+def test_in_process_jobs_pickle_with_zlib_and_everything_loads():
+    assert not local_runner.is_zlib_payload(pickler.dumps({"a": 1}))       # outside a job: Beam's bz2
+    with runner.make_pipeline([]) as p:
+        inside = p | beam.Create([1, 2]) | beam.ParDo(_PickleInside())
+        assert_that(inside, equal_to([True, True]))
+    assert not local_runner.is_zlib_payload(pickler.dumps({"a": 1}))       # and after it
+    with local_runner.zlib_payloads():
+        zlib_payload = pickler.dumps({"a": 1})
+    bz2_payload = pickler.dumps({"a": 1})
+    assert local_runner.is_zlib_payload(zlib_payload) and not local_runner.is_zlib_payload(bz2_payload)
+    assert pickler.loads(zlib_payload) == pickler.loads(bz2_payload) == {"a": 1}
+    assert pickler.loads(zlib_payload.decode()) == {"a": 1}                 # str payloads, as protos carry them
+
+
+def test_subprocess_workers_keep_beams_codec(monkeypatch):
+    seen = []
+    monkeypatch.setattr(FnApiRunner, "run_pipeline",
+                        lambda self, pipeline, options: seen.append(local_runner._zlib_jobs[0]))
+    for mode, expected in (("multi_processing", 0), ("in_memory", 1), ("multi_threading", 1)):
+        options = runner.JobOptions([f"--direct_running_mode={mode}"])
+        local_runner.LocalRunner().run_pipeline(None, options)
+        assert seen.pop() == expected, mode
