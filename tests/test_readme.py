@@ -60,7 +60,7 @@ def small(argv: list[str]) -> list[str]:
         out += ["--users", "20000", "--repeats", "1", "--epsilons", "1,4"]
         if out[out.index("--preset") + 1] == "longitudinal":
             out += ["--collections", "3"]
-    if out[0] in ("simulate", "evaluate") and "clothing" in out:
+    if out[0] in ("simulate", "evaluate", "advise") and "clothing" in out:
         out += ["--resample-users", "3000"]
     if out[0] == "bench":
         out += ["--repeats", "1"]
