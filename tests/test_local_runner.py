@@ -66,7 +66,7 @@ def test_in_process_jobs_pickle_with_zlib_and_everything_loads():
         inside = p | beam.Create([1, 2]) | beam.ParDo(_PickleInside())
         assert_that(inside, equal_to([True, True]))
     assert not local_runner.is_zlib_payload(pickler.dumps({"a": 1}))       # and after it
-    with local_runner.zlib_payloads():
+    with local_runner.in_process_job():
         zlib_payload = pickler.dumps({"a": 1})
     bz2_payload = pickler.dumps({"a": 1})
     assert local_runner.is_zlib_payload(zlib_payload) and not local_runner.is_zlib_payload(bz2_payload)
@@ -74,10 +74,25 @@ def test_in_process_jobs_pickle_with_zlib_and_everything_loads():
     assert pickler.loads(zlib_payload.decode()) == {"a": 1}                 # str payloads, as protos carry them
 
 
+class _SamplerKind(beam.DoFn):
+    def process(self, element):
+        from apache_beam.runners.worker import statesampler
+        yield statesampler.get_current_tracker().sampling_period_ms
+
+
+def test_in_process_bundles_sample_promptly_and_beams_sampler_comes_back():
+    with runner.make_pipeline([]) as p:
+        periods = p | beam.Create([1, 2]) | beam.ParDo(_SamplerKind())
+        assert_that(periods, equal_to([local_runner.SAMPLING_PERIOD_MS] * 2))
+    from apache_beam.runners.worker import statesampler
+    assert statesampler.StateSampler is local_runner._BeamStateSampler
+    assert statesampler.StateSampler("x", None).sampling_period_ms == 200
+
+
 def test_subprocess_workers_keep_beams_codec(monkeypatch):
     seen = []
     monkeypatch.setattr(FnApiRunner, "run_pipeline",
-                        lambda self, pipeline, options: seen.append(local_runner._zlib_jobs[0]))
+                        lambda self, pipeline, options: seen.append(local_runner._in_process_jobs[0]))
     for mode, expected in (("multi_processing", 0), ("in_memory", 1), ("multi_threading", 1)):
         options = runner.JobOptions([f"--direct_running_mode={mode}"])
         local_runner.LocalRunner().run_pipeline(None, options)

@@ -31,6 +31,14 @@ allocating bz2's 7.6 MB of work space for a 2 KB payload (0.23 ms, against
 begins ``BZh``, a zlib one ``x``), so a payload made during a job loads
 anywhere; payloads made outside one -- or for subprocess workers
 (``multi_processing``), which run Beam's own ``loads`` -- stay bz2.
+
+During such a job, too, each bundle's state sampler (the thread that
+attributes time to steps, ``statesampler_fast.pyx``) wakes at least every
+5 ms instead of every 200: ``stop()`` joins that thread, which first sleeps
+out its current period (it grows 1.2x per wake from 2 ms to 200 ms), so
+every bundle that ran longer than ~1 s waited up to 0.2 s more at its end
+-- 0.14 s of a 1.05 s PCKV-GRR job at 10^7 users, measured here. The
+sampler still measures the same step times, in finer steps.
 """
 from __future__ import annotations
 
@@ -40,6 +48,7 @@ import threading
 
 from apache_beam.internal import pickler
 from apache_beam.options.pipeline_options import DirectOptions
+from apache_beam.runners.worker import statesampler
 from apache_beam.runners.portability.fn_api_runner.fn_runner import BundleManager, FnApiRunner, ParallelBundleManager
 
 
@@ -73,7 +82,7 @@ class LocalRunner(FnApiRunner):
 
     def run_pipeline(self, pipeline, options):
         in_process = options.view_as(DirectOptions).direct_running_mode != "multi_processing"
-        with zlib_payloads() if in_process else contextlib.nullcontext():
+        with in_process_job() if in_process else contextlib.nullcontext():
             return super().run_pipeline(pipeline, options)
 
     def _get_bundle_manager(self, bundle_context_manager):
@@ -85,25 +94,40 @@ class LocalRunner(FnApiRunner):
         return manager
 
 
+SAMPLING_PERIOD_MS = 5
+_BeamStateSampler = statesampler.StateSampler
+
+
+class PromptStateSampler(_BeamStateSampler):
+    """Beam's state sampler with a 5 ms longest period (module docstring)."""
+
+    def __init__(self, prefix, counter_factory, sampling_period_ms=SAMPLING_PERIOD_MS):
+        super().__init__(prefix, counter_factory, min(sampling_period_ms, SAMPLING_PERIOD_MS))
+
+
 _beam_dumps, _beam_loads = pickler.dumps, pickler.loads
-_zlib_jobs = [0]                # in-process jobs running now (a job may start while another runs)
-_zlib_lock = threading.Lock()
+_in_process_jobs = [0]          # in-process jobs running now (a job may start while another runs)
+_jobs_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def zlib_payloads():
-    """Within: Beam's pickler compresses with zlib (module docstring)."""
-    with _zlib_lock:
-        _zlib_jobs[0] += 1
+def in_process_job():
+    """Within: Beam's pickler compresses with zlib and bundles get a prompt
+    state sampler (module docstring)."""
+    with _jobs_lock:
+        _in_process_jobs[0] += 1
+        statesampler.StateSampler = PromptStateSampler
     try:
         yield
     finally:
-        with _zlib_lock:
-            _zlib_jobs[0] -= 1
+        with _jobs_lock:
+            _in_process_jobs[0] -= 1
+            if not _in_process_jobs[0]:
+                statesampler.StateSampler = _BeamStateSampler
 
 
 def _dumps(o, enable_trace=True, use_zlib=False, **kwargs):
-    return _beam_dumps(o, enable_trace=enable_trace, use_zlib=use_zlib or _zlib_jobs[0] > 0, **kwargs)
+    return _beam_dumps(o, enable_trace=enable_trace, use_zlib=use_zlib or _in_process_jobs[0] > 0, **kwargs)
 
 
 def _loads(encoded, enable_trace=True, use_zlib=False):
