@@ -70,3 +70,12 @@ def test_the_users_a_job_reads_are_declared_for_the_coder():
     dataset = sources.built_in_dataset(data, 1)
     source = sources.user_source(beam.Pipeline(), data, dataset)
     assert source.users.element_type is UserBatch
+
+
+def test_size_estimates_read_the_arrays_without_encoding(monkeypatch):
+    """Beam sizes sampled elements for its metrics; ``Coder``'s default
+    encodes the element to measure it (a 50,000-user batch per sample)."""
+    batch = BATCHES["several pairs"]
+    arrays = batch.offsets.nbytes + batch.keys.nbytes + batch.values.nbytes
+    monkeypatch.setattr(UserBatchCoder, "encode", lambda self, b: pytest.fail("estimate_size encoded the batch"))
+    assert arrays <= UserBatchCoder().estimate_size(batch) <= arrays + 1_000

@@ -112,6 +112,10 @@ class UserBatchCoder(coders.Coder):
                     values[name] = array.astype(original)      # a copy: writable, native order
         return UserBatch(**values)
 
+    def estimate_size(self, batch: UserBatch) -> int:
+        # Beam sizes sampled elements for its metrics; Coder's default encodes the whole batch to measure it
+        return estimated_size(batch)
+
     def is_deterministic(self) -> bool:
         return True
 
