@@ -18,6 +18,7 @@ from kvldp.mechanisms.intervals import (
     frequency_intervals,
     grid_intervals,
     wald_intervals,
+    wald_z,
 )
 from kvldp.mechanisms.local import run_local
 from tolerances import Z_FEW, binomial_sigma
@@ -70,6 +71,12 @@ def test_grid_interval_of_a_normal_likelihood_is_plus_minus_1_96_sd():
     step = grid[1] - grid[0]
     np.testing.assert_allclose(lo, centre - 1.96 * sd, atol=step)
     np.testing.assert_allclose(hi, centre + 1.96 * sd, atol=step)
+
+
+def test_wald_z_is_scipys_quantile_bit_for_bit_at_every_level():
+    from scipy import special
+    for level in (0.95, 0.9, 0.99, 0.5):
+        assert wald_z(level) == float(-special.ndtri((1 - level) / 2))
 
 
 def test_wald_intervals_are_clipped_into_the_range_and_null_where_the_se_is():

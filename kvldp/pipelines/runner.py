@@ -70,7 +70,8 @@ def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
     """A pipeline with every Beam option passed through.
 
     Without ``--runner`` it runs on the in-process FnApiRunner (what
-    DirectRunner falls back to) so a local batch job never tries to download
+    DirectRunner falls back to; ``LocalRunner``, its subclass with less
+    fixed cost per stage) so a local batch job never tries to download
     the Prism binary (DESIGN.md), in ``in_memory`` mode with two workers.
     ``multi_threading`` (this CLI's default before) flushes its data plane
     from a timer thread in the middle of an element, and the runner then
