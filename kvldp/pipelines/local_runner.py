@@ -48,8 +48,8 @@ import threading
 
 from apache_beam.internal import pickler
 from apache_beam.options.pipeline_options import DirectOptions
-from apache_beam.runners.worker import statesampler
 from apache_beam.runners.portability.fn_api_runner.fn_runner import BundleManager, FnApiRunner, ParallelBundleManager
+from apache_beam.runners.worker import statesampler
 
 
 class _SparseParallelBundleManager(ParallelBundleManager):
