@@ -1,4 +1,4 @@
-"""The local runner: Beam's in-process FnApiRunner, minus the empty half of small stages.
+"""The local runner: Beam's in-process FnApiRunner with less fixed cost per stage.
 
 With two workers, Beam's ``ParallelBundleManager`` splits every stage's
 input into two partitions and runs both, each on its own embedded worker
@@ -78,7 +78,8 @@ def _occupied_partitions(inputs, num_workers: int) -> int:
 
 class LocalRunner(FnApiRunner):
     """``FnApiRunner`` whose stages with a single occupied partition run on
-    one worker, and whose in-process jobs pickle with zlib (module docstring)."""
+    one worker, and whose in-process jobs pickle with zlib and sample their
+    bundles promptly (module docstring)."""
 
     def run_pipeline(self, pipeline, options):
         in_process = options.view_as(DirectOptions).direct_running_mode != "multi_processing"
