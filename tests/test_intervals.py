@@ -79,6 +79,18 @@ def test_wald_z_is_scipys_quantile_bit_for_bit_at_every_level():
         assert wald_z(level) == float(-special.ndtri((1 - level) / 2))
 
 
+def test_raw_estimates_wald_intervals_do_not_import_scipy_special():
+    """0.27 s of a fresh process for one number (every run's raw estimates carry these intervals)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np\n"
+            "from kvldp.mechanisms.intervals import wald_intervals\n"
+            "lo, hi = wald_intervals(np.array([0.5]), np.array([0.1]), 0.0, 1.0)\n"
+            "assert 0.30 < lo[0] < 0.31 and 'scipy.special' not in sys.modules, sorted(sys.modules)\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_wald_intervals_are_clipped_into_the_range_and_null_where_the_se_is():
     lo, hi = wald_intervals(np.array([0.9, 0.0, np.nan]), np.array([0.1, np.nan, 0.1]), -1.0, 1.0)
     assert hi[0] == 1.0 and lo[0] == pytest.approx(0.9 - 0.196, abs=1e-4)
