@@ -17,6 +17,8 @@ from kvldp.mechanisms.truth import truth_counts, truth_from_counts
 from kvldp.schemas.estimate_table import EstimateTable
 from kvldp.schemas.records import ioh_counts_record
 from kvldp.transforms.accumulate import ArraySumCombineFn
+from kvldp.transforms.global_combine import CombineAll
+from kvldp.transforms.key_names import key_names_arg
 from kvldp.transforms.rounds import CollectRound, RunProtocol
 
 
@@ -46,7 +48,7 @@ def truth_sum(users, d: int):
     """``users -> [n, holders[d], value sums[d]]`` summed (simulations only)."""
     return (users
             | "TruthCounts" >> beam.Map(truth_counts, d).with_output_types(np.ndarray)
-            | "SumTruth" >> beam.CombineGlobally(ArraySumCombineFn(1 + 2 * d)))
+            | "SumTruth" >> CombineAll(ArraySumCombineFn(1 + 2 * d)))
 
 
 def final_estimates(state, protocol: Protocol, method: str = RAW) -> Estimates:
@@ -63,7 +65,7 @@ def records_of(state, protocol: Protocol, key_names, truth=None, method: str = R
     extra = [] if truth is None else [AsSingleton(truth)]
     return (state
             | "Estimates" >> beam.Map(final_estimates, protocol, method).with_output_types(Estimates)
-            | "ToTable" >> beam.Map(to_table, AsSingleton(key_names), *extra, keys=protocol.estimate_keys,
+            | "ToTable" >> beam.Map(to_table, key_names_arg(key_names), *extra, keys=protocol.estimate_keys,
                                       rating_range=rating_range).with_output_types(EstimateTable))
 
 
@@ -94,9 +96,9 @@ def ioh_counts_file(counts, users, mechanism, key_names, path: str):
         size = 2 ** mechanism.k * (1 + mechanism.k)
         extra = [AsSingleton(users
                              | "PatternTruth" >> beam.Map(pattern_truth, mechanism.ioh_keys, mechanism.d)
-                             | "SumPatterns" >> beam.CombineGlobally(ArraySumCombineFn(size)))]
+                             | "SumPatterns" >> CombineAll(ArraySumCombineFn(size)))]
     return (counts
-            | "CountsRecord" >> beam.Map(ioh_counts_record, mechanism, AsSingleton(key_names), *extra)
+            | "CountsRecord" >> beam.Map(ioh_counts_record, mechanism, key_names_arg(key_names), *extra)
             | "WriteCounts" >> beam.io.WriteToAvro(path, schema=schemas.load(schemas.IOH_COUNTS),
                                                    num_shards=1, shard_name_template=""))
 

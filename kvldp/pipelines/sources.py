@@ -23,7 +23,8 @@ from kvldp.pipelines import run_seed
 from kvldp.pipelines.runner import Progress, finish, make_pipeline, read_array, save_array, scratch_path
 from kvldp.pipelines.units import parse_bytes, path_arg
 from kvldp.transforms.coders import UserBatchCoder  # noqa: F401  (registers the coder)
-from kvldp.transforms.key_names import CreateKeyNames
+from kvldp.transforms.global_combine import CombineAll
+from kvldp.transforms.key_names import key_names_in
 from kvldp.transforms.ratings import DEAD_LETTER, RatingsFormat, ReadRatings, ScanRatings
 from kvldp.transforms.rounds import UserRecipes
 
@@ -384,7 +385,7 @@ class UserSource:
     for the rounds after the first (``transforms.rounds``)."""
 
     users: beam.PCollection
-    key_names: beam.PCollection          # a single list of item ids
+    key_names: object                    # the item ids in key order: key_names.key_names_in
     dead_letter: beam.PCollection | None
     d: int
     recipes: UserRecipes | None = None
@@ -416,7 +417,7 @@ def sum_per_batch(users: beam.PCollection, per_batch, path: str, label: str):
     lengths, ``merge_histograms``) to ``path`` as ``.npy``."""
     return (users
             | f"{label}Count" >> beam.Map(per_batch)
-            | f"{label}Sum" >> beam.CombineGlobally(merge_histograms)
+            | f"{label}Sum" >> CombineAll(merge_histograms)
             | f"{label}Save" >> beam.Map(save_array, path))
 
 
@@ -440,7 +441,7 @@ def user_source(p: beam.Pipeline, data: DataConfig, dataset: Dataset | None,
         # Create already reshuffles its elements over the workers (a second Reshuffle was a stage of its own)
         specs = p | "BatchSpecs" >> beam.Create(dataset.specs(data.sized_batch))
         users = specs | "MakeUsers" >> beam.MapTuple(dataset.batch).with_output_types(UserBatch)
-        names = p | "KeyNames" >> CreateKeyNames(dataset.key_names)
+        names = key_names_in(p, dataset.key_names)
         # a generated dataset pickles as its parameters: its recipes are cheaper than its users
         recipes = UserRecipes(specs, dataset.batch) if dataset.generated else None
         return UserSource(users, names, None, dataset.d, recipes)

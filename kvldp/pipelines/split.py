@@ -39,7 +39,7 @@ from kvldp.transforms.io import (
     check_report_files,
     report_config,
 )
-from kvldp.transforms.key_names import CreateKeyNames
+from kvldp.transforms.key_names import CreateKeyNames, key_names_pcollection
 from kvldp.transforms.perturb import Perturb
 from kvldp.transforms.ratings import write_dead_letters
 
@@ -242,7 +242,7 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
     reports = source.users | "Perturb" >> Perturb(mechanism, seeds.perturb, r, state, gate=gate)
     reports | "WriteReports" >> WriteReports(prefix, round_cfg)
-    (source.key_names | "JoinKeys" >> beam.Map("\n".join)
+    (key_names_pcollection(p, source.key_names) | "JoinKeys" >> beam.Map("\n".join)
      | "WriteKeys" >> beam.io.WriteToText(prefix + ".keys.txt", num_shards=1, shard_name_template=""))
     if source.dead_letter is not None:
         write_dead_letters(source.dead_letter, dead_letter)

@@ -14,6 +14,7 @@ import numpy as np
 from kvldp.mechanisms.base import Estimates
 from kvldp.mechanisms.protocol import Protocol, ProtocolState
 from kvldp.transforms.coders import ArrayPayloadCoder
+from kvldp.transforms.global_combine import CombineAll
 from kvldp.transforms.perturb import state_arg
 
 
@@ -82,11 +83,11 @@ class Accumulate(beam.PTransform):
         self._fanout, self._windowed = fanout, windowed
 
     def expand(self, reports):
-        combine = beam.CombineGlobally(self._fn)
+        if not self._windowed:
+            return reports | "CombineCounts" >> CombineAll(self._fn, self._fanout)
+        combine = beam.CombineGlobally(self._fn).without_defaults()
         if self._fanout:
             combine = combine.with_fanout(self._fanout)
-        if self._windowed:
-            combine = combine.without_defaults()
         return reports | "CombineCounts" >> combine
 
 

@@ -34,6 +34,7 @@ from kvldp.mechanisms.memo import user_uid
 from kvldp.transforms import csv_blocks, tally
 from kvldp.transforms.coders import register_payload_type
 from kvldp.transforms.context import element_context
+from kvldp.transforms.global_combine import CombineAll
 from kvldp.transforms.io import format_of
 from kvldp.transforms.key_names import CreateKeyNames
 
@@ -679,7 +680,7 @@ class SortedDistinctItems(beam.PTransform):
     def expand(self, chunks):
         return (chunks
                 | "ChunkItems" >> beam.Map(distinct_items)
-                | "Union" >> beam.CombineGlobally(ItemUnionFn()))
+                | "Union" >> CombineAll(ItemUnionFn()))
 
 
 def _valid_rating_rows(chunk: dict, rating_range) -> RatingChunk:
@@ -742,7 +743,7 @@ class ScanRatings(beam.PTransform):
                  .with_output_types(tuple[int, tuple[pa.Array, np.ndarray]])
                  | "GroupShards" >> beam.GroupByKey()
                  | "ShardSizes" >> beam.Map(_shard_size_histogram).with_output_types(np.ndarray)
-                 | "SumSizes" >> beam.CombineGlobally(_sum_histograms))
+                 | "SumSizes" >> CombineAll(_sum_histograms))
         return {"dictionary": dictionary, "sizes": sizes}
 
 

@@ -1,0 +1,86 @@
+"""``CombineAll``: Beam's ``CombineGlobally`` with its default for no input
+injected on an Impulse instead of a ``Create([None])`` (issue 17: every
+round of a job paid for two ParDos that only made ``None``), and a
+synthetic domain's key names as a constant instead of a stage.
+"""
+from __future__ import annotations
+
+import apache_beam as beam
+import numpy as np
+import pytest
+from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms import window
+
+from kvldp.mechanisms.pckv import PCKVGRR
+from kvldp.mechanisms.privkvm import PrivKVMPlus
+from kvldp.pipelines import sources
+from kvldp.pipelines.graphs import simulate_graph
+from kvldp.transforms.accumulate import ArraySumCombineFn
+from kvldp.transforms.global_combine import CombineAll
+
+
+def _nan_as_text(value):
+    return "nan" if isinstance(value, float) and np.isnan(value) else value
+
+
+@pytest.mark.parametrize("values", [[3, 1, 4, 1, 5], [7], []])
+@pytest.mark.parametrize("fanout", [None, 3])
+def test_it_gives_what_combine_globally_gives(values, fanout):
+    for fn in (sum, beam.combiners.CountCombineFn(), beam.combiners.MeanCombineFn()):
+        theirs = beam.CombineGlobally(fn)
+        if fanout:
+            theirs = theirs.with_fanout(fanout)
+        expected = {sum: sum(values), beam.combiners.CountCombineFn: len(values),
+                    beam.combiners.MeanCombineFn: np.mean(values) if values else float("nan")}
+        with beam.Pipeline() as p:
+            # an empty input that is a real PCollection (Create([]) would be typed Any and trivially empty)
+            source = p | beam.Create(values or [0]) | "Keep" >> beam.Filter(lambda _, keep: keep, bool(values))
+            ours = source | "Ours" >> CombineAll(fn, fanout) | "OursText" >> beam.Map(_nan_as_text)
+            beams = source | "Theirs" >> theirs | "TheirsText" >> beam.Map(_nan_as_text)
+            want = [_nan_as_text(expected[fn if fn is sum else type(fn)])]
+            assert_that(ours, equal_to(want), label="ours")
+            assert_that(beams, equal_to(want), label="theirs")
+
+
+def test_no_input_gives_the_combine_fns_empty_value():
+    with beam.Pipeline() as p:
+        empty = p | beam.Create([np.ones(3)]) | beam.Filter(lambda _: False)
+        out = empty | CombineAll(ArraySumCombineFn(3)) | beam.Map(lambda a: a.tolist())
+        assert_that(out, equal_to([[0.0, 0.0, 0.0]]))
+
+
+def test_a_windowed_input_is_refused_with_the_way_out():
+    with pytest.raises(ValueError, match="without_defaults"):
+        with beam.Pipeline() as p:
+            (p | beam.Create([1, 2]) | beam.WindowInto(window.FixedWindows(10)) | CombineAll(sum))
+
+
+def _labels(protocol, users: int = 200):
+    data = sources.DataConfig("synthetic-uu", users=users, keys=10, seed=1, batch_size=100)
+    dataset = sources.built_in_dataset(data, 1)
+    p = beam.Pipeline()
+    simulate_graph(sources.user_source(p, data, dataset), protocol, 1, truth=False)
+    labels = []
+
+    class Labels(beam.pipeline.PipelineVisitor):
+        def visit_transform(self, node):
+            labels.append(node.full_label)
+
+    p.visit(Labels())
+    return labels
+
+
+def test_a_round_makes_its_default_without_create():
+    """Before: every round's combine built ``DoOnce/FlatMap`` and
+    ``DoOnce/Map(decode)`` (Beam's ``Create([None])``); PrivKVM+ ten times."""
+    for protocol in (PCKVGRR(10, 4.0), PrivKVMPlus(10, 4.0)):
+        labels = _labels(protocol)
+        once = [label for label in labels if "/DoOnce" in label]
+        assert once and all(label.endswith("/DoOnce") for label in once), once
+        assert len(once) == protocol.max_rounds
+
+
+def test_a_synthetic_domains_key_names_are_no_stage():
+    """Before: a ``KeyNames`` Create (three transforms, a stage of its own)
+    in every simulation of a generated dataset, for a recipe that pickles as d."""
+    assert not [label for label in _labels(PCKVGRR(10, 4.0)) if label.startswith("KeyNames")]
