@@ -50,9 +50,9 @@ def test_no_input_gives_the_combine_fns_empty_value():
 
 
 def test_a_windowed_input_is_refused_with_the_way_out():
+    windowed = beam.Pipeline() | beam.Create([1, 2]) | beam.WindowInto(window.FixedWindows(10))
     with pytest.raises(ValueError, match="without_defaults"):
-        with beam.Pipeline() as p:
-            (p | beam.Create([1, 2]) | beam.WindowInto(window.FixedWindows(10)) | CombineAll(sum))
+        windowed | CombineAll(sum)
 
 
 def _labels(protocol, users: int = 200):
