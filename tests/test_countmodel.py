@@ -11,6 +11,7 @@ import pytest
 
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms import registry
+from kvldp.mechanisms.countmodel import binomial_loglik, binomial_loglik_rows
 from kvldp.mechanisms.local import run_local
 from tolerances import Z_FEW, Z, mean_square_se
 
@@ -111,3 +112,31 @@ def test_a_model_refuses_inconsistent_symbols():
         dataclasses.replace(model, holder_plus=model.holder_plus[:2])
     with pytest.raises(ValueError):
         dataclasses.replace(model, plus=1)             # not a present symbol
+
+
+def test_the_rows_kernel_is_binomial_loglik_bit_for_bit():
+    """``binomial_loglik_rows`` (per-key counts against one shared table, the
+    posterior means' hot path) against ``binomial_loglik`` broadcast, on
+    counts with zeros and probabilities with 0, 1 and 0/0."""
+    rng = np.random.default_rng(5)
+    trials = rng.integers(0, 40, 300).astype(np.float64)
+    successes = np.floor(trials * rng.random(300))
+    successes[:20], trials[20:40] = 0, successes[20:40]          # no successes; no failures
+    p = rng.random((7, 11))
+    p[0, :3], p[1, :3], p[2, :3] = 0.0, 1.0, np.nan
+    want = binomial_loglik(successes[:, None, None], trials[:, None, None], p[None], constant=False)
+    got = binomial_loglik_rows(successes, trials, p)
+    assert np.isneginf(want).any() and not np.isnan(want).any()
+    np.testing.assert_array_equal(got.view(np.int64), want.view(np.int64))
+
+
+@pytest.mark.parametrize("name", ["pckv-ue", "ks-ue"])
+def test_the_split_likelihood_of_a_shared_model_is_the_broadcast_one(name):
+    data = SyntheticDataset("uu", n_users=3_000, d=30, seed=2)
+    model = run_local(registry.make(name, data.d, 2.0), data, seed=3).estimates.count_model
+    assert model.shared
+    keys, f, m = np.arange(data.d), np.linspace(0, 0.5, 9), np.linspace(-1, 1, 5)
+    broadcast = dataclasses.replace(model)
+    broadcast.__dict__["shared"] = False        # the general path: per-key symbol columns
+    np.testing.assert_array_equal(model.split_loglik(keys, f, m).view(np.int64),
+                                  broadcast.split_loglik(keys, f, m).view(np.int64))

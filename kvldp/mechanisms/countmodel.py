@@ -75,6 +75,34 @@ def binomial_loglik(successes, trials, probability, constant: bool = True) -> np
     return np.where(np.isnan(out), -np.inf, out)
 
 
+def binomial_loglik_rows(successes, trials, probability) -> np.ndarray:
+    """``binomial_loglik(s[:, None, ...], t[:, None, ...], probability[None],
+    constant=False)`` -- one row of counts per key against one table of
+    probabilities that every key shares -- bit for bit, with the logarithms
+    taken once per table cell instead of per key and cell, and no temporary
+    of the output's size but one: the posterior means of a large domain
+    (Book-Crossing: 45,000 distinct keys x ~400 x 101 cells) spent half
+    their time in this function's passes over memory."""
+    s = np.asarray(successes, dtype=np.float64)
+    c = np.asarray(trials, dtype=np.float64) - s
+    p = np.clip(np.asarray(probability, dtype=np.float64), 0.0, 1.0)
+    rows = (-1,) + (1,) * p.ndim
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_p, log_q = np.log(p), np.log1p(-p)
+        out = s.reshape(rows) * log_p
+        out[~(s > 0)] = 0.0                 # 0 log 0 = 0, as binomial_loglik's where
+        other = c.reshape(rows) * log_q
+        other[~(c > 0)] = 0.0
+    out += other
+    del other
+    # a NaN cell (a probability of 0/0) is -inf wherever a count meets it, as binomial_loglik's isnan
+    nan = np.isnan(p).ravel()
+    if nan.any():
+        flat = out.reshape(len(s), -1)
+        flat[np.ix_(np.flatnonzero((s > 0) | (c > 0)), np.flatnonzero(nan))] = -np.inf
+    return out
+
+
 _DISTRIBUTIONS = ("holder_plus", "holder_minus", "non_holder")
 
 
@@ -281,6 +309,8 @@ class CountModel:
             cols = [x[:, keys].reshape(self.symbols, -1, 1, 1)
                     for x in (self.holder_plus, self.holder_minus, self.non_holder)]
         rho = self._rho_of(mixture(*cols, f, m, self.padding))
+        if self.shared:
+            return binomial_loglik_rows(self.plus_counts[keys], self.present_counts[keys], rho[0])
         plus = self.plus_counts[keys][:, None, None]
         present = self.present_counts[keys][:, None, None]
         return binomial_loglik(plus, present, rho, constant=False)
