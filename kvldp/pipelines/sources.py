@@ -385,7 +385,7 @@ class UserSource:
     for the rounds after the first (``transforms.rounds``)."""
 
     users: beam.PCollection
-    key_names: object                    # the item ids in key order: key_names.key_names_in
+    key_names: beam.PCollection | Sequence[str]   # item ids in key order (key_names.key_names_in)
     dead_letter: beam.PCollection | None
     d: int
     recipes: UserRecipes | None = None
