@@ -14,7 +14,7 @@ import numpy as np
 from kvldp.mechanisms.base import Estimates
 from kvldp.mechanisms.protocol import Protocol, ProtocolState
 from kvldp.transforms.coders import ArrayPayloadCoder
-from kvldp.transforms.global_combine import CombineAll
+from kvldp.transforms.global_combine import CombineAll, combine_without_defaults
 from kvldp.transforms.perturb import state_arg
 
 
@@ -83,12 +83,8 @@ class Accumulate(beam.PTransform):
         self._fanout, self._windowed = fanout, windowed
 
     def expand(self, reports):
-        if not self._windowed:
-            return reports | "CombineCounts" >> CombineAll(self._fn, self._fanout)
-        combine = beam.CombineGlobally(self._fn).without_defaults()
-        if self._fanout:
-            combine = combine.with_fanout(self._fanout)
-        return reports | "CombineCounts" >> combine
+        combine = combine_without_defaults if self._windowed else CombineAll
+        return reports | "CombineCounts" >> combine(self._fn, self._fanout)
 
 
 def next_state(counts, previous, protocol: Protocol, round_index: int):

@@ -32,14 +32,18 @@ class CombineAll(beam.PTransform):
         if pcoll.windowing.windowfn != GlobalWindows():
             raise ValueError("a combine with a default for no input needs the global window; "
                              "window the input's combine with without_defaults()")
-        combine = beam.CombineGlobally(self._fn).without_defaults()
-        if self._fanout:
-            combine = combine.with_fanout(self._fanout)
-        combined = pcoll | "Combine" >> combine
+        combined = pcoll | "Combine" >> combine_without_defaults(self._fn, self._fanout)
         inject = beam.Map(inject_default, AsList(combined), self._fn)
         if combined.element_type is not None:
             inject = inject.with_output_types(combined.element_type)
         return pcoll.pipeline | "DoOnce" >> beam.Impulse() | "InjectDefault" >> inject
+
+
+def combine_without_defaults(fn, fanout: int | None = None) -> beam.CombineGlobally:
+    """``beam.CombineGlobally(fn).without_defaults()`` (one output per window
+    that has input; ``fanout``: its ``with_fanout``)."""
+    combine = beam.CombineGlobally(fn).without_defaults()
+    return combine.with_fanout(fanout) if fanout else combine
 
 
 def inject_default(_, combined: list, fn: beam.CombineFn):

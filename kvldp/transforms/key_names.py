@@ -40,7 +40,7 @@ def key_names_arg(names):
     return AsSingleton(names) if isinstance(names, beam.PCollection) else names
 
 
-def key_names_pcollection(p: beam.Pipeline, names, label: str = "KeyNames"):
+def key_names_pcollection(p: beam.Pipeline, names):
     """The job's key names (``key_names_in``) as a one-element PCollection,
     for a step that writes them."""
-    return names if isinstance(names, beam.PCollection) else p | label >> CreateKeyNames(names)
+    return names if isinstance(names, beam.PCollection) else p | "KeyNames" >> CreateKeyNames(names)
