@@ -51,6 +51,29 @@ def test_one_element_stages_run_on_one_worker_and_outputs_are_beams(make_runner,
     assert len(_SETUPS["many"]) == 2          # a stage with work for both workers still uses both
 
 
+def _empty_graph(p):
+    """A stage whose input is empty: the output of a GroupByKey that received nothing."""
+    nothing = (p | "Seed" >> beam.Create([1, 2]) | "NoneKept" >> beam.Filter(lambda x: x > 5)
+               | "Key" >> beam.Map(lambda x: (x, x)) | "Group" >> beam.GroupByKey())
+    return nothing | "EmptyStage" >> beam.ParDo(_RecordWorkers("empty"))
+
+
+@pytest.mark.parametrize("make_runner, workers", [(local_runner.LocalRunner, 0), (FnApiRunner, 2)])
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_stage_without_input_does_not_run(make_runner, workers, count):
+    """Beam runs such a stage anyway (on every worker); the local runner
+    does not, and what comes out is the same: nothing, and a side input of it
+    is empty."""
+    _SETUPS.clear()
+    options = runner.JobOptions([f"--direct_num_workers={count}", "--direct_running_mode=in_memory"])
+    with beam.Pipeline(runner=make_runner(), options=options) as p:
+        empty = _empty_graph(p)
+        assert_that(empty, equal_to([]), label="NothingOut")
+        sizes = p | "Probe" >> beam.Create([0]) | beam.Map(lambda _, side: len(side), beam.pvalue.AsList(empty))
+        assert_that(sizes, equal_to([0]), label="EmptySide")
+    assert len(_SETUPS.get("empty", ())) == min(workers, count)
+
+
 def test_the_cli_pipeline_runs_on_the_local_runner():
     assert isinstance(runner.make_pipeline([]).runner, local_runner.LocalRunner)
 

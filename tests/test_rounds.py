@@ -15,9 +15,10 @@ from kvldp.datasets.base import InMemoryDataset
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import UserBatch
 from kvldp.mechanisms.local import run_local
-from kvldp.pipelines import cli, sources
+from kvldp.pipelines import cli, runner, sources
 from kvldp.pipelines.graphs import simulate_graph
 from kvldp.pipelines.report import read_estimates
+from kvldp.transforms.io import WriteEstimates
 from kvldp.transforms.rounds import RunProtocol
 
 
@@ -82,11 +83,44 @@ def test_later_rounds_read_the_recipes_and_a_loaded_dataset_keeps_its_users():
         (pc,) = [pc for tag, pc in t.inputs.items() if "side_input" not in tag]
         return producer[pc]
 
+    def side_inputs(step):
+        return {producer[pc] for tag, pc in names[step].inputs.items() if "side_input" in tag}
+
     assert main_input("Protocol/Round1/Perturb") == "MakeUsers"
     for r in (2, 3):
-        assert main_input(f"Protocol/Round{r}/Perturb").startswith("BatchSpecs/"), r
+        # the recipes come through the previous round's going-on state, so a stopped protocol makes no users
+        assert main_input(f"Protocol/Round{r}/Perturb") == f"Protocol/Round{r}/Batches", r
+        assert main_input(f"Protocol/Round{r}/Recipes").startswith(f"Protocol/Round{r - 1}/Calibrate"), r
+        assert any(origin.startswith("BatchSpecs/") for origin in side_inputs(f"Protocol/Round{r}/Recipes")), r
     loaded = InMemoryDataset("loaded", UserBatch.single_pair(np.arange(4) % 2, np.zeros(4)), ["a", "b"])
     assert sources.user_source(beam.Pipeline(), config, loaded).recipes is None
+
+
+def test_a_stopped_protocol_runs_no_stage_of_its_later_rounds(tmp_path):
+    """PrivKVM+ with a large A0 stops after round 1; its nine later rounds
+    are in the graph but get no input, so the local runner runs none of their
+    stages (each cost ~34 ms when they ran empty) -- and the estimates are
+    still the local runner's, bit for bit."""
+    proto = registry.make("privkvm-plus", 10, 2.0, a0=100)
+    config = sources.DataConfig("synthetic-uu", users=5_000, keys=10, seed=1, batch_size=1_000)
+    data = sources.built_in_dataset(config, 1)
+    local = run_local(proto, data, seed=1, batch_size=1_000)
+    assert local.state.rounds_done == 1 and local.state.stopped
+    out = tmp_path / "est.jsonl"
+    p = runner.make_pipeline([])
+    run = simulate_graph(sources.user_source(p, config, data), proto, 1, truth=False)
+    run["records"] | WriteEstimates(str(out))
+    result = p.run()
+    result.wait_until_finish()
+    steps = {r.key.step or "" for kind in result.monitoring_metrics().query().values() for r in kind}
+    later = sorted(step for step in steps
+                   if step.startswith("Protocol/Round") and not step.startswith("Protocol/Round1/"))
+    # round 1's calibration emits no going-on state: round 2's recipes and their shuffle write ran empty, nothing else
+    assert later == ["Protocol/Round2/Recipes", "Protocol/Round2/Spread/Write"], later
+    est = {r["key"]: r for r in read_estimates(str(out))}
+    names = data.key_names
+    assert np.array_equal([est[names[k]]["frequency"] for k in range(10)], local.estimates.frequency)
+    assert np.array_equal([est[names[k]]["mean"] for k in range(10)], local.estimates.mean, equal_nan=True)
 
 
 def test_privkvm_graph_is_three_stages_linked_by_side_inputs():

@@ -71,8 +71,9 @@ def records_of(state, protocol: Protocol, key_names, truth=None, method: str = R
 
 def simulate_graph(source, protocol: Protocol, seed: int, fanout: int | None = None, truth: bool = True,
                    method: str = RAW, rating_range=None):
-    """A whole protocol as one pipeline: a ``sources.UserSource`` -> ``{"records", "state", "counts"}``
-    (every round; ``counts``: the last round's; records post-processed by ``method``)."""
+    """A whole protocol as one pipeline: a ``sources.UserSource`` -> ``{"records", "state"}``
+    (every round; records post-processed by ``method``), and a single-round
+    protocol's ``"counts"`` (``RunProtocol``)."""
     users = source.users
     run = users | "Protocol" >> RunProtocol(protocol, seed, fanout, later_rounds=source.recipes)
     records = records_of(run["state"], protocol, source.key_names, truth_sum(users, protocol.d) if truth else None,
