@@ -89,7 +89,7 @@ def test_later_rounds_read_the_recipes_and_a_loaded_dataset_keeps_its_users():
     assert main_input("Protocol/Round1/Perturb") == "MakeUsers"
     for r in (2, 3):
         # the recipes come through the previous round's going-on state, so a stopped protocol makes no users
-        assert main_input(f"Protocol/Round{r}/Perturb") == f"Protocol/Round{r}/Batches", r
+        assert main_input(f"Protocol/Round{r}/Perturb") == f"Protocol/Round{r}/Items", r
         assert main_input(f"Protocol/Round{r}/Recipes").startswith(f"Protocol/Round{r - 1}/Calibrate"), r
         assert any(origin.startswith("BatchSpecs/") for origin in side_inputs(f"Protocol/Round{r}/Recipes")), r
     loaded = InMemoryDataset("loaded", UserBatch.single_pair(np.arange(4) % 2, np.zeros(4)), ["a", "b"])

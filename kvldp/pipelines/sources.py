@@ -27,6 +27,7 @@ from kvldp.transforms.global_combine import CombineAll
 from kvldp.transforms.key_names import key_names_in
 from kvldp.transforms.ratings import DEAD_LETTER, RatingsFormat, ReadRatings, ScanRatings
 from kvldp.transforms.rounds import UserRecipes
+from kvldp.transforms.spread import SpreadOut
 
 DATASETS = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr", "clothing", "movielens-100k")
 
@@ -438,8 +439,7 @@ def user_source(p: beam.Pipeline, data: DataConfig, dataset: Dataset | None,
     (``dictionary``: the key dictionary for ratings files; ``stable_ids``:
     whether the job needs its users' stable ids, ``devices.needs_stable_ids``)."""
     if dataset is not None:
-        # Create already reshuffles its elements over the workers (a second Reshuffle was a stage of its own)
-        specs = p | "BatchSpecs" >> beam.Create(dataset.specs(data.sized_batch))
+        specs = p | "BatchSpecs" >> SpreadOut(dataset.specs(data.sized_batch))
         users = specs | "MakeUsers" >> beam.MapTuple(dataset.batch).with_output_types(UserBatch)
         names = key_names_in(p, dataset.key_names)
         # a generated dataset pickles as its parameters: its recipes are cheaper than its users

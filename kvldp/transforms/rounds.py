@@ -11,7 +11,7 @@ calibration emits the next state on its main output while the protocol goes
 on, and on ``FINAL`` once it has stopped or run its last round. The next
 round's calibration takes that going-on state as its *main* input, and a
 generated dataset's next round takes its batch recipes from it (the recipes
-are a side input, regrouped over the workers by a GroupByKey), so after the
+are a side input, spread over the workers by ``spread.spread``), so after the
 stop every stage of the later rounds has no input at all: no report is made
 and no budget spent, and a runner has nothing to run (the local runner skips
 a stage without input; ``local_runner.py``). Measured at 10^6 users, each
@@ -40,6 +40,7 @@ from kvldp.mechanisms.protocol import Collection, Protocol, ProtocolState
 from kvldp.transforms.accumulate import Accumulate, Advance, RoundCombineFn
 from kvldp.transforms.global_combine import combine_without_defaults, inject_default
 from kvldp.transforms.perturb import PerturbFn, state_arg
+from kvldp.transforms.spread import Positioned, spread
 
 
 def collect_steps(reports, protocol: Protocol, round_index: int, previous, fanout: int | None = None) -> dict:
@@ -143,10 +144,8 @@ class GatedRound(beam.PTransform):
         rebuild = None
         if not first and self._recipes is not None:
             rebuild = self._recipes.rebuild
-            users = (self._previous
-                     | "Recipes" >> beam.FlatMap(recipes_once, AsList(self._recipes.specs))
-                     | "Spread" >> beam.GroupByKey()
-                     | "Batches" >> beam.FlatMapTuple(lambda _, specs: specs))
+            recipes = beam.FlatMap(recipes_once, AsList(self._recipes.specs)).with_output_types(Positioned)
+            users = spread(self._previous | "Recipes" >> recipes)
         fn = PerturbFn(self._protocol, self._seed, self._round, rebuild=rebuild)
         reports = users | "Perturb" >> beam.ParDo(fn, state)
         combine_fn = RoundCombineFn(self._protocol, self._round)
