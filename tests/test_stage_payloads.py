@@ -71,19 +71,18 @@ def test_every_array_payload_of_the_simulation_is_declared_for_the_coder():
     p = beam.Pipeline()
     source = sources.user_source(p, data, dataset)
     run = simulate_graph(source, PCKVUE(10, 2.0), 1)
-    typed = {}
+    typed = []
 
     class Types(beam.pipeline.PipelineVisitor):
         def visit_transform(self, node):
-            for out in node.outputs.values():
-                typed[node.full_label] = out.element_type
+            typed.extend((node.full_label, out.element_type) for out in node.outputs.values())
 
     p.visit(Types())
-    wanted = {"Protocol/Round1/Perturb": Reports, "Protocol/Round1/Accumulate/CombineCounts": np.ndarray,
-              "Protocol/Round1/Calibrate/NextState": ProtocolState, "Estimates": Estimates, "ToTable": EstimateTable,
+    wanted = {"Protocol/Round1/Perturb": Reports, "Protocol/Round1/Accumulate": np.ndarray,
+              "Protocol/Round1/Calibrate": ProtocolState, "Estimates": Estimates, "ToTable": EstimateTable,
               "SumTruth": np.ndarray}
     for label, kind in wanted.items():
-        found = [t for name, t in typed.items() if name == label or name.startswith(label + "/")]
+        found = [t for name, t in typed if name == label or name.startswith(label + "/")]
         assert kind in found, f"{label}: {found}"
     assert run["records"].element_type is EstimateTable
 

@@ -7,9 +7,11 @@ an Impulse, a FlatMap of the encoded ``[None]`` and a Map that decodes it,
 then the Map that injects the default. That is two ParDos more than the
 default needs, each built, type-checked and pickled twice (Beam round-trips
 every fn) when the graph is built, translated again when it runs, and built
-into operations by the stage that runs them. A kvldp job has a global
-combine per round (PrivKVM+: ten), so here the default is injected straight
-on the Impulse: the same output, on any runner, from one ParDo.
+into operations by the stage that runs them. Here the default is injected
+straight on an Impulse: the same output, on any runner, from one ParDo
+(the truth sums, IOH's pattern sums, the pre-passes' sums). A protocol's
+round goes one step further and injects its counts' default in its
+calibration (``rounds.calibrate_round``).
 """
 from __future__ import annotations
 

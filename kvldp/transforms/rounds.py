@@ -33,21 +33,22 @@ import dataclasses
 from collections.abc import Callable
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.pvalue import AsList, AsSingleton
 
 from kvldp.mechanisms.base import UserBatch
 from kvldp.mechanisms.protocol import Collection, Protocol, ProtocolState
-from kvldp.transforms.accumulate import Accumulate, Advance, RoundCombineFn
+from kvldp.transforms.accumulate import RoundCombineFn
 from kvldp.transforms.global_combine import combine_without_defaults, inject_default
-from kvldp.transforms.perturb import PerturbFn, state_arg
+from kvldp.transforms.perturb import PerturbFn
 from kvldp.transforms.spread import Positioned, spread
 
 
 def collect_steps(reports, protocol: Protocol, round_index: int, previous, fanout: int | None = None) -> dict:
     """``reports -> {"counts", "state"}``: accumulate, then calibrate into the
-    state after the round."""
-    counts = reports | "Accumulate" >> Accumulate(protocol, round_index, fanout)
-    return {"counts": counts, "state": counts | "Calibrate" >> Advance(protocol, round_index, previous)}
+    state after the round (``calibrate_round``, every state on one output)."""
+    out = calibrate_round(reports, protocol, round_index, previous, fanout)
+    return {"counts": out[COUNTS], "state": out.state}
 
 
 class CollectRound(beam.PTransform):
@@ -72,50 +73,62 @@ class UserRecipes:
     rebuild: Callable[..., UserBatch]
 
 
-class RunRound(beam.PTransform):
-    """``users`` + the previous state -> ``{"reports", "counts", "state"}`` of
-    round ``round_index`` (the clients' half, then ``CollectRound``)."""
-
-    def __init__(self, protocol: Protocol, round_index: int, seed: int, previous, fanout: int | None = None,
-                 label: str | None = None):
-        super().__init__(label)
-        self._protocol, self._round, self._seed = protocol, round_index, seed
-        self._previous, self._fanout = previous, fanout
-
-    def expand(self, users):
-        # the DoFn itself (not the Perturb composite), so the stage that reads the previous state is Round{r}/Perturb
-        fn = PerturbFn(self._protocol, self._seed, self._round)
-        reports = users | "Perturb" >> beam.ParDo(fn, state_arg(self._previous))
-        # the collector's steps inline, so the stages read Round{r}/Perturb, /Accumulate, /Calibrate
-        return {"reports": reports, **collect_steps(reports, self._protocol, self._round, self._previous, self._fanout)}
-
-
-FINAL = "final"
+FINAL, COUNTS = "final", "counts"
 
 # The state a round's clients see once the protocol ended before it: stopped, so they report nothing.
 ENDED = ProtocolState(0, None, True, 0.0, None)
 
 
 class AdvanceFn(beam.DoFn):
-    """The state round ``round_index`` started from (the main input; round 1:
-    an Impulse's element, for ``start``) and the round's combined counts (a
-    side list of at most one; none: no reports, the combine's value for no
-    input) -> the state after the round: the main output while the protocol
-    goes on, ``FINAL`` once it has stopped or run its last round."""
+    """The state round ``round_index`` started from (the main input; or an
+    Impulse's element, for a constant ``start``) and the round's combined
+    counts (a side list of at most one; none: no reports, the combine's
+    value for no input) -> the state after the round, and its counts on
+    ``COUNTS``. ``split``: the state goes to the main output only while the
+    protocol goes on, to ``FINAL`` once it has stopped or run its last round
+    (module docstring); else always to the main output."""
 
     def __init__(self, protocol: Protocol, round_index: int, combine_fn: beam.CombineFn,
-                 start: ProtocolState | None = None):
-        self._protocol, self._round, self._fn, self._start = protocol, round_index, combine_fn, start
+                 start: ProtocolState | None = None, split: bool = False):
+        self._protocol, self._round, self._fn = protocol, round_index, combine_fn
+        self._start, self._split = start, split
 
     def process(self, previous, combined: list):
         if self._start is not None:
             previous = self._start
         counts = inject_default(None, combined, self._fn)
         state = self._protocol.next_state(self._round, previous, counts)
-        if state.stopped or self._round + 1 >= self._protocol.max_rounds:
+        yield beam.pvalue.TaggedOutput(COUNTS, counts)
+        if self._split and (state.stopped or self._round + 1 >= self._protocol.max_rounds):
             yield beam.pvalue.TaggedOutput(FINAL, state)
         else:
             yield state
+
+
+def calibrate_round(reports, protocol: Protocol, round_index: int, previous, fanout: int | None = None,
+                    split: bool = False):
+    """The collector's half of round ``round_index``: ``reports`` combined
+    into the round's counts (``fanout``: an intermediate combine level), then
+    calibrated from ``previous`` -- a state (``None``: a fresh protocol's) or
+    a PCollection of at most one -- by ``AdvanceFn``. Its outputs: ``state``
+    (the main one), ``FINAL`` (with ``split``) and ``COUNTS``.
+
+    The combine's value for no input is made in the calibration rather than
+    by ``CombineGlobally``'s defaults (``Create([None])``, then a Map that
+    injects it: ``global_combine.py``): one step fewer, and a calibration
+    whose main input is empty -- a round after the protocol stopped -- runs
+    not at all."""
+    combine_fn = RoundCombineFn(protocol, round_index)
+    combined = reports | "Accumulate" >> combine_without_defaults(combine_fn, fanout)
+    if isinstance(previous, beam.PCollection):
+        start, constant = previous, None
+    else:
+        start = reports.pipeline | "Start" >> beam.Impulse()
+        constant = protocol.initial_state() if previous is None else previous
+    advance = AdvanceFn(protocol, round_index, combine_fn, constant, split)
+    calibrate = beam.ParDo(advance, AsList(combined)).with_output_types(
+        ProtocolState, **{FINAL: ProtocolState, COUNTS: np.ndarray})
+    return start | "Calibrate" >> calibrate.with_outputs(FINAL, COUNTS, main="state")
 
 
 def recipes_once(_going, specs: list):
@@ -126,7 +139,7 @@ def recipes_once(_going, specs: list):
 
 class GatedRound(beam.PTransform):
     """Round ``round_index`` of a protocol that runs only while it goes on:
-    ``users -> {"going", FINAL}`` (module docstring).
+    ``users -> {"going", FINAL, COUNTS}`` (module docstring).
     ``previous``: round 1's initial state (a value), or the previous round's
     ``"going"`` (a PCollection of at most one state). ``recipes``: later
     rounds make their users from these batch recipes instead of reading
@@ -146,14 +159,11 @@ class GatedRound(beam.PTransform):
             rebuild = self._recipes.rebuild
             recipes = beam.FlatMap(recipes_once, AsList(self._recipes.specs)).with_output_types(Positioned)
             users = spread(self._previous | "Recipes" >> recipes)
+        # the DoFn itself (not the Perturb composite), so the stage that reads the previous state is Round{r}/Perturb
         fn = PerturbFn(self._protocol, self._seed, self._round, rebuild=rebuild)
         reports = users | "Perturb" >> beam.ParDo(fn, state)
-        combine_fn = RoundCombineFn(self._protocol, self._round)
-        combined = reports | "Accumulate" >> combine_without_defaults(combine_fn, self._fanout)
-        start = users.pipeline | "Start" >> beam.Impulse() if first else self._previous
-        advance = AdvanceFn(self._protocol, self._round, combine_fn, self._previous if first else None)
-        out = start | "Calibrate" >> beam.ParDo(advance, AsList(combined)).with_outputs(FINAL, main="going")
-        return {"going": out.going, FINAL: out[FINAL]}
+        out = calibrate_round(reports, self._protocol, self._round, self._previous, self._fanout, split=True)
+        return {"going": out.state, FINAL: out[FINAL], COUNTS: out[COUNTS]}
 
 
 class RunProtocol(beam.PTransform):
@@ -171,13 +181,11 @@ class RunProtocol(beam.PTransform):
 
     def expand(self, users):
         protocol = self._protocol
-        initial = protocol.initial_state(Collection.from_seed(self._seed))
-        if protocol.max_rounds == 1:
-            out = users | "Round1" >> RunRound(protocol, 0, self._seed, initial, self._fanout)
-            return {"state": out["state"], "counts": out["counts"]}
-        going, finals = initial, []
+        going, finals = protocol.initial_state(Collection.from_seed(self._seed)), []
         for r in range(protocol.max_rounds):
             out = users | f"Round{r + 1}" >> GatedRound(protocol, r, self._seed, going, self._fanout, self._later)
             going = out["going"]
             finals.append(out[FINAL])
+        if protocol.max_rounds == 1:
+            return {"state": finals[0], "counts": out[COUNTS]}
         return {"state": finals | "FinalState" >> beam.Flatten()}
