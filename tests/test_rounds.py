@@ -26,8 +26,11 @@ def _users(p, data, batch):
     return p | beam.Create(data.specs(batch)) | beam.Reshuffle() | beam.MapTuple(data.batch)
 
 
-@pytest.mark.parametrize("name, options", [("privkvm", {"rounds": 3}), ("privkvm-plus", {"a0": 0.05, "max_rounds": 4})])
+@pytest.mark.parametrize("name, options", [("privkvm", {"rounds": 3}), ("privkvm-plus", {"a0": 0.05, "max_rounds": 4}),
+                                           ("privkvm-plus", {"a0": 100, "max_rounds": 3})])
 def test_pipeline_equals_local_runner(name, options):
+    """Stored users (no recipes): after a stop (A0 = 100: after round 1) the
+    later rounds' clients see the side input's default, a stopped state."""
     proto = registry.make(name, 12, 3.0, **options)
     data = SyntheticDataset("uu", n_users=30_000, d=12, seed=2)
     local = run_local(proto, data, seed=8, batch_size=7_000)
