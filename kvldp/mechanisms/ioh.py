@@ -31,7 +31,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import Estimates, ReportBatch, Reports, UserBatch, with_statuses
+from .base import Estimates, ReportBatch, Reports, UserBatch, owners_of, with_statuses
 from .cells import state_index
 from .oracles import OUE, SUE
 from .params import Options, option
@@ -98,7 +98,7 @@ def pack_positions(offsets: np.ndarray, positions: np.ndarray, n_cells: int, chu
     for s in range(0, n, chunk_rows):
         e = min(n, s + chunk_rows)
         block = np.zeros((e - s, packed_width(n_cells) * 8), dtype=bool)
-        block[np.repeat(np.arange(e - s), np.diff(offsets[s:e + 1])), positions[offsets[s]:offsets[e]]] = True
+        block[owners_of(offsets[s:e + 1] - offsets[s]), positions[offsets[s]:offsets[e]]] = True
         out[s:e] = np.packbits(block, axis=1)
     return out
 

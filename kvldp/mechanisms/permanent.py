@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from .base import ReportBatch, UserBatch
+from .base import ReportBatch, UserBatch, owners_of
 from .memo import MemoStreams
 from .pckv import PCKVParams
 from .randomness import bernoulli_positions
@@ -175,7 +175,7 @@ def instant_ue(reports: ReportBatch, d_prime: int, t: float, rho: float, rng: np
     vanishes; a zero one turns ``±1`` w.p. ``(1-t) rho`` (exact Bernoulli
     positions, ``randomness.bernoulli_positions``)."""
     n = reports.n_reports
-    owner = np.repeat(np.arange(n), np.diff(reports.offsets))
+    owner = owners_of(reports.offsets)
     flat = owner * d_prime + reports.positions.astype(np.int64)
     u = rng.random(len(flat))
     stay, vanish = t + (1 - t) * rho / 2, t + (1 - t) * rho
