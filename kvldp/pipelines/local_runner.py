@@ -100,8 +100,8 @@ class LocalRunner(FnApiRunner):
 
     def _get_bundle_manager(self, bundle_context_manager):
         manager = super()._get_bundle_manager(bundle_context_manager)
-        # one worker's stages too (it skips their empty bundles); a stateful stage keeps Beam's manager
-        if type(manager) is ParallelBundleManager or not bundle_context_manager.stage.is_stateful():
+        # every stage but a stateful one (Beam's manager then), one worker's too: it skips their empty bundles
+        if not bundle_context_manager.stage.is_stateful():
             return _SparseParallelBundleManager(bundle_context_manager, self._progress_frequency,
                                                 cache_token_generator=FnApiRunner.get_cache_token_generator(
                                                     static=False))

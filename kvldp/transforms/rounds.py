@@ -41,14 +41,7 @@ from kvldp.mechanisms.protocol import Collection, Protocol, ProtocolState
 from kvldp.transforms.accumulate import RoundCombineFn
 from kvldp.transforms.global_combine import combine_without_defaults, inject_default
 from kvldp.transforms.perturb import PerturbFn
-from kvldp.transforms.spread import Positioned, spread
-
-
-def collect_steps(reports, protocol: Protocol, round_index: int, previous, fanout: int | None = None) -> dict:
-    """``reports -> {"counts", "state"}``: accumulate, then calibrate into the
-    state after the round (``calibrate_round``, every state on one output)."""
-    out = calibrate_round(reports, protocol, round_index, previous, fanout)
-    return {"counts": out[COUNTS], "state": out.state}
+from kvldp.transforms.spread import Positioned, positioned, spread
 
 
 class CollectRound(beam.PTransform):
@@ -61,7 +54,8 @@ class CollectRound(beam.PTransform):
         self._protocol, self._round, self._previous, self._fanout = protocol, round_index, previous, fanout
 
     def expand(self, reports):
-        return collect_steps(reports, self._protocol, self._round, self._previous, self._fanout)
+        out = calibrate_round(reports, self._protocol, self._round, self._previous, self._fanout)
+        return {"counts": out[COUNTS], "state": out.state}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,12 +125,6 @@ def calibrate_round(reports, protocol: Protocol, round_index: int, previous, fan
     return start | "Calibrate" >> calibrate.with_outputs(FINAL, COUNTS, main="state")
 
 
-def recipes_once(_going, specs: list):
-    """The round's batch recipes, keyed by their position (emitted only when
-    the round runs: ``_going`` is the state it starts from)."""
-    return enumerate(specs)
-
-
 class GatedRound(beam.PTransform):
     """Round ``round_index`` of a protocol that runs only while it goes on:
     ``users -> {"going", FINAL, COUNTS}`` (module docstring).
@@ -157,7 +145,8 @@ class GatedRound(beam.PTransform):
         rebuild = None
         if not first and self._recipes is not None:
             rebuild = self._recipes.rebuild
-            recipes = beam.FlatMap(recipes_once, AsList(self._recipes.specs)).with_output_types(Positioned)
+            # emitted only when the round runs: the trigger is the state it starts from
+            recipes = beam.FlatMap(positioned, AsList(self._recipes.specs)).with_output_types(Positioned)
             users = spread(self._previous | "Recipes" >> recipes)
         # the DoFn itself (not the Perturb composite), so the stage that reads the previous state is Round{r}/Perturb
         fn = PerturbFn(self._protocol, self._seed, self._round, rebuild=rebuild)

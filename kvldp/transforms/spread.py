@@ -44,9 +44,11 @@ class SpreadOut(beam.PTransform):
         self._items = list(items)
 
     def expand(self, pbegin):
-        keyed = beam.FlatMap(_keyed, self._items).with_output_types(Positioned)
+        keyed = beam.FlatMap(positioned, self._items).with_output_types(Positioned)
         return spread(pbegin | "Impulse" >> beam.Impulse() | "Keyed" >> keyed)
 
 
-def _keyed(_impulse, items: list):
+def positioned(_trigger, items: list):
+    """``items`` keyed by their position, whatever the element that triggers
+    them (an Impulse's, or the state a round starts from): ``spread``'s input."""
     return enumerate(items)
