@@ -9,6 +9,7 @@ exits 0. The emulator is started by ``tests/pubsub_emulator.py``.
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import math
@@ -362,3 +363,22 @@ def test_publish_with_a_ledger_sends_nothing_for_users_over_their_period_budget(
         reported, sat = (2000, 0) if day == 1 else (0, 2000)
         assert f"{reported} users reported, {sat} sat it out (period budget 3 over 30 d" in out
     assert sent == [2000, 0]
+
+
+def test_the_job_stops_only_once_every_pane_is_published(tmp_path):
+    """Beam's WriteToPubSub published a bundle's messages when the bundle
+    finished, so a job stopped once its pane files were written could lose
+    the last pane's message (5 messages for 6 pane files, seen in CI). The
+    monitor now waits for the confirmed count of pane and broadcast messages."""
+    _, config, _ = cli.configure(["stream", "--mechanism", "pckv-ue", "--epsilon", "2", "--keys", str(D),
+                                  "--subscription", "projects/proj-a/subscriptions/reports", "--window", "4s",
+                                  "--output-dir", str(tmp_path), "--output-topic", "projects/proj-a/topics/panes",
+                                  "--broadcast-topic", "projects/proj-a/topics/broadcasts"])
+    monitor = stream.Monitor(None, config, "job", direct=True)
+    stats = {"panes_emitted": 6, "pane_files_written": 6, "rounds_finalized": 2, "round_files_written": 2,
+             stream.PANES_PUBLISHED: 5, stream.BROADCASTS_PUBLISHED: 2}
+    assert not monitor._written_all(stats)
+    assert monitor._written_all({**stats, stream.PANES_PUBLISHED: 6})
+    assert not monitor._written_all({**stats, stream.PANES_PUBLISHED: 6, stream.BROADCASTS_PUBLISHED: 1})
+    files_only = dataclasses.replace(config, output_topic=None, broadcast_topic=None)
+    assert stream.Monitor(None, files_only, "job", direct=True)._written_all(stats)

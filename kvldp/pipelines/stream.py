@@ -57,9 +57,11 @@ from kvldp.transforms.streaming import (
     WindowSpec,
     expected_rounds,
 )
-from kvldp.transforms.tally import forget, tally
+from kvldp.transforms.tally import JobCounter, forget, tally
 
 DIRECT_RUNNERS = (None, "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
+# counters of the messages the service confirmed (stream_sinks.Publish): the job stops only after them
+PANES_PUBLISHED, BROADCASTS_PUBLISHED = "pane_messages_published", "broadcasts_published"
 
 
 def add_arguments(parser: argparse.ArgumentParser):
@@ -191,14 +193,16 @@ def stream_graph(p: beam.Pipeline, config: StreamConfig, protocol, key_names, id
         if config.output_dir:
             chained[ROUNDS] | "WriteRounds" >> WriteRounds(config.output_dir, protocol, job)
         if config.broadcast_topic:
-            chained[ROUNDS] | "PublishBroadcasts" >> Publish(config.broadcast_topic, broadcast_message)
+            chained[ROUNDS] | "PublishBroadcasts" >> Publish(config.broadcast_topic, broadcast_message,
+                                                             published=JobCounter(job, BROADCASTS_PUBLISHED))
     panes = panes | "Postprocess" >> beam.Map(postprocess_pane, config.postprocess)
     keys = protocol.estimate_keys
     if config.output_dir:
         panes | "WritePanes" >> WritePanes(config.output_dir, key_names, job, keys, config.output_format)
     if config.output_topic:
         panes | "PublishPanes" >> Publish(config.output_topic, pane_message, list(key_names), keys,
-                                          envelope.config_fingerprint(configs[0]))
+                                          envelope.config_fingerprint(configs[0]),
+                                          published=JobCounter(job, PANES_PUBLISHED))
     letters = tuple(dead) | "DeadLetters" >> beam.Flatten()
     if config.dead_letter_dir:
         letters | "WriteDeadLetters" >> WriteDeadLetters(config.dead_letter_dir)
@@ -221,7 +225,8 @@ class Monitor:
     """Polls a running streaming job's counters, logs them, and decides when
     to stop: ``--max-runtime``, ``--stop-after-windows`` or SIGINT, then a
     drain (every batch read has reached an emitted pane, and every pane
-    emitted has been written) bounded by ``--drain-timeout``."""
+    emitted has been written and published) bounded by ``--drain-timeout``.
+    ``--stop-after-windows`` and a stopped protocol wait for the same."""
 
     def __init__(self, result, config: StreamConfig, job: str, direct: bool, out=None):
         self._result, self._config, self._out = result, config, out or sys.stdout
@@ -246,10 +251,14 @@ class Monitor:
         return s
 
     def _written_all(self, s: dict) -> bool:
-        if not self._config.output_dir:
-            return True
-        return (s.get("pane_files_written", 0) >= s.get("panes_emitted", 0)
-                and s.get("round_files_written", 0) >= s.get("rounds_finalized", 0))
+        """Every pane emitted and round finalised is in its files and, with
+        a topic, confirmed published (``stream_sinks.Publish``)."""
+        panes, rounds = s.get("panes_emitted", 0), s.get("rounds_finalized", 0)
+        config = self._config
+        return ((not config.output_dir or (s.get("pane_files_written", 0) >= panes
+                                           and s.get("round_files_written", 0) >= rounds))
+                and (not config.output_topic or s.get(PANES_PUBLISHED, 0) >= panes)
+                and (not config.broadcast_topic or s.get(BROADCASTS_PUBLISHED, 0) >= rounds))
 
     def _drained(self, s: dict) -> bool:
         """Nothing read for a second, and a pane (written) emitted at a poll
