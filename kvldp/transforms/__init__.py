@@ -2,7 +2,10 @@
 
 Importing the package routes Beam's per-DoFn state/timer introspection
 through a per-class memo (``dofn_specs``): every graph kvldp builds, and
-every stage a worker sets up, asks it several times per ParDo."""
-from kvldp.transforms import dofn_specs
+every stage a worker sets up, asks it several times per ParDo; and the
+source scan ``ParDo`` runs on each DoFn's ``process`` through a
+per-function memo (``yield_check``)."""
+from kvldp.transforms import dofn_specs, yield_check
 
 dofn_specs.install()
+yield_check.install()
