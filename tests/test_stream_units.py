@@ -18,9 +18,11 @@ from apache_beam.utils.windowed_value import WindowedValue
 from kvldp.mechanisms import registry
 from kvldp.pipelines.units import parse_duration, parse_instant_ms, pubsub_path
 from kvldp.schemas import envelope
+from kvldp.transforms.stream_rounds import ChainRoundsFn
 from kvldp.transforms.stream_sinks import pane_bytes, pane_records
 from kvldp.transforms.streaming import (
     DEAD_LETTER,
+    DEAD_LETTERS_EMITTED,
     CheckMessageFn,
     LatenessGateFn,
     Pane,
@@ -28,6 +30,7 @@ from kvldp.transforms.streaming import (
     WindowSpec,
     expected_rounds,
 )
+from kvldp.transforms.tally import forget, tally
 
 MECH = registry.make("pckv-grr", 6, 2.0)
 CONFIG = dict(MECH.config())
@@ -114,6 +117,44 @@ def test_lateness_gate_keeps_open_windows_only():
     [part] = list(sliding.process(reports, Timestamp.of(boundary - 4)))
     ends = [w.end for w in part.windows]
     assert ends == [Timestamp.of(boundary + 5)]                    # the window that ended is dropped
+
+
+class _Chain:
+    """A ChainRoundsFn's state cell outside a runner."""
+
+    def __init__(self):
+        self.value = None
+
+    def read(self):
+        return self.value
+
+    def write(self, value):
+        self.value = value
+
+
+def test_every_dead_letter_is_counted_as_it_is_made():
+    """The job's monitor waits until as many dead letters are written and
+    published as were made (``stream.Monitor``): each of the three places
+    that refuse something counts its letters, and nothing else counts."""
+    job = "units-dead-letters"
+    forget(job)
+    check = CheckMessageFn(MECH, expected_rounds(MECH, [CONFIG]), max_future=60.0, job=job)
+    reports = _reports()
+    list(check.process(_message(reports)))                                      # accepted
+    list(check.process(PubsubMessage(b"not avro", _message(reports).attributes)))
+    assert tally(job)[DEAD_LETTERS_EMITTED] == 1
+    gate = LatenessGateFn(WindowSpec(size=10, allowed_lateness=5), job=job)
+    list(gate.process(RoundBatch(0, "", "", reports), Timestamp.of(time.time() - 3)))     # in time
+    list(gate.process(RoundBatch(0, "", "", reports), Timestamp.of(time.time() - 30)))
+    assert tally(job)[DEAD_LETTERS_EMITTED] == 2
+    protocol = registry.make("privkvm-plus", 6, 2.0)
+    chain = ChainRoundsFn(protocol, "collection-a", [f"k{j}" for j in range(6)], job)
+    counts = protocol.new_round_counts(1)
+    head = Pane(0, 10_000, "EARLY", 0, False, None)
+    out = list(chain.process(("chain", (head, {(1, "broadcast-x", "layout"): (counts, 4)})), _Chain()))
+    assert [o.value["reason"] for o in out] == ["round out of order"]
+    assert tally(job)[DEAD_LETTERS_EMITTED] == 3 and tally(job)["batches_refused"] == 4
+    forget(job)
 
 
 def test_window_spec_checks_and_builds_windows():

@@ -27,6 +27,7 @@ import pytest
 from kvldp.pipelines import cli, publish, stream
 from kvldp.pipelines.report import read_estimates
 from kvldp.schemas import envelope
+from kvldp.transforms.streaming import DEAD_LETTERS_EMITTED
 from pubsub_emulator import emulator_host, pubsub  # noqa: F401 - fixtures
 
 D = 10
@@ -382,3 +383,25 @@ def test_the_job_stops_only_once_every_pane_is_published(tmp_path):
     assert not monitor._written_all({**stats, stream.PANES_PUBLISHED: 6, stream.BROADCASTS_PUBLISHED: 1})
     files_only = dataclasses.replace(config, output_topic=None, broadcast_topic=None)
     assert stream.Monitor(None, files_only, "job", direct=True)._written_all(stats)
+
+
+def test_the_job_stops_only_once_every_dead_letter_is_written_and_published(tmp_path):
+    """Dead letters went to Beam's WriteToPubSub and to files that no count
+    followed, so a message refused just before the stop could be lost: the
+    monitor now waits for as many dead-letter files and confirmed messages
+    as letters were made (``streaming.DeadLetterOutput``), and says what is
+    missing when the drain times out."""
+    _, config, _ = cli.configure(["stream", "--mechanism", "pckv-ue", "--epsilon", "2", "--keys", str(D),
+                                  "--subscription", "projects/proj-a/subscriptions/reports", "--window", "4s",
+                                  "--output-dir", str(tmp_path / "panes"), "--dead-letter-dir",
+                                  str(tmp_path / "dead"), "--dead-letter-topic", "projects/proj-a/topics/dead"])
+    monitor = stream.Monitor(None, config, "job", direct=True)
+    done = {"panes_emitted": 0, DEAD_LETTERS_EMITTED: 3, stream.DEAD_LETTER_FILES_WRITTEN: 3,
+            stream.DEAD_LETTERS_PUBLISHED: 3}
+    assert monitor._written_all(done)
+    assert not monitor._written_all({**done, stream.DEAD_LETTER_FILES_WRITTEN: 2})
+    assert not monitor._written_all({**done, stream.DEAD_LETTERS_PUBLISHED: 2})
+    assert monitor._unwritten({**done, stream.DEAD_LETTERS_PUBLISHED: 1}) == ["2 of 3 dead-letter messages"]
+    topic_only = dataclasses.replace(config, dead_letter_dir=None)
+    assert stream.Monitor(None, topic_only, "job", direct=True)._written_all(
+        {**done, stream.DEAD_LETTER_FILES_WRITTEN: 0})

@@ -49,6 +49,7 @@ from kvldp.transforms.stream_sinks import (
 )
 from kvldp.transforms.streaming import (
     DEAD_LETTER,
+    DEAD_LETTERS_EMITTED,
     CalibratePanes,
     CheckReports,
     DeduplicateBatches,
@@ -62,6 +63,7 @@ from kvldp.transforms.tally import JobCounter, forget, tally
 DIRECT_RUNNERS = (None, "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 # counters of the messages the service confirmed (stream_sinks.Publish): the job stops only after them
 PANES_PUBLISHED, BROADCASTS_PUBLISHED = "pane_messages_published", "broadcasts_published"
+DEAD_LETTER_FILES_WRITTEN, DEAD_LETTERS_PUBLISHED = "dead_letter_files_written", "dead_letters_published"
 
 
 def add_arguments(parser: argparse.ArgumentParser):
@@ -205,9 +207,11 @@ def stream_graph(p: beam.Pipeline, config: StreamConfig, protocol, key_names, id
                                           published=JobCounter(job, PANES_PUBLISHED))
     letters = tuple(dead) | "DeadLetters" >> beam.Flatten()
     if config.dead_letter_dir:
-        letters | "WriteDeadLetters" >> WriteDeadLetters(config.dead_letter_dir)
+        letters | "WriteDeadLetters" >> WriteDeadLetters(config.dead_letter_dir,
+                                                         JobCounter(job, DEAD_LETTER_FILES_WRITTEN))
     if config.dead_letter_topic:
-        letters | "PublishDeadLetters" >> Publish(config.dead_letter_topic, dead_letter_message)
+        letters | "PublishDeadLetters" >> Publish(config.dead_letter_topic, dead_letter_message,
+                                                  published=JobCounter(job, DEAD_LETTERS_PUBLISHED))
     return panes
 
 
@@ -218,14 +222,15 @@ def progress_line(stats: dict, elapsed: float) -> str:
             f"duplicates {valid - unique}), batches late {stats.get('batches_late', 0)}, accepted "
             f"{stats.get('batches_accepted', 0)} ({stats.get('reports_accepted', 0)} reports); panes "
             f"{stats.get('panes_emitted', 0)} (on time {stats.get('panes_on_time', 0)}, late "
-            f"{stats.get('panes_late', 0)})")
+            f"{stats.get('panes_late', 0)}); dead letters {stats.get(DEAD_LETTERS_EMITTED, 0)}")
 
 
 class Monitor:
     """Polls a running streaming job's counters, logs them, and decides when
     to stop: ``--max-runtime``, ``--stop-after-windows`` or SIGINT, then a
     drain (every batch read has reached an emitted pane, and every pane
-    emitted has been written and published) bounded by ``--drain-timeout``.
+    emitted and dead letter refused has been written and published) bounded
+    by ``--drain-timeout``.
     ``--stop-after-windows`` and a stopped protocol wait for the same."""
 
     def __init__(self, result, config: StreamConfig, job: str, direct: bool, out=None):
@@ -251,14 +256,23 @@ class Monitor:
         return s
 
     def _written_all(self, s: dict) -> bool:
-        """Every pane emitted and round finalised is in its files and, with
-        a topic, confirmed published (``stream_sinks.Publish``)."""
-        panes, rounds = s.get("panes_emitted", 0), s.get("rounds_finalized", 0)
+        """Every pane emitted, round finalised and dead letter refused is in
+        its files and, with a topic, confirmed published (``stream_sinks.Publish``)."""
+        return not self._unwritten(s)
+
+    def _unwritten(self, s: dict) -> list[str]:
+        """What is emitted but not yet in its sink, as ``"1 of 6 pane messages"``."""
         config = self._config
-        return ((not config.output_dir or (s.get("pane_files_written", 0) >= panes
-                                           and s.get("round_files_written", 0) >= rounds))
-                and (not config.output_topic or s.get(PANES_PUBLISHED, 0) >= panes)
-                and (not config.broadcast_topic or s.get(BROADCASTS_PUBLISHED, 0) >= rounds))
+        panes, rounds = s.get("panes_emitted", 0), s.get("rounds_finalized", 0)
+        letters = s.get(DEAD_LETTERS_EMITTED, 0)
+        sinks = [(config.output_dir, "pane files", "pane_files_written", panes),
+                 (config.output_dir, "round files", "round_files_written", rounds),
+                 (config.output_topic, "pane messages", PANES_PUBLISHED, panes),
+                 (config.broadcast_topic, "broadcasts", BROADCASTS_PUBLISHED, rounds),
+                 (config.dead_letter_dir, "dead-letter files", DEAD_LETTER_FILES_WRITTEN, letters),
+                 (config.dead_letter_topic, "dead-letter messages", DEAD_LETTERS_PUBLISHED, letters)]
+        return [f"{emitted - s.get(counter, 0)} of {emitted} {what}" for given, what, counter, emitted in sinks
+                if given and s.get(counter, 0) < emitted]
 
     def _drained(self, s: dict) -> bool:
         """Nothing read for a second, and a pane (written) emitted at a poll
@@ -289,10 +303,12 @@ class Monitor:
             if not drained:
                 time.sleep(0.5)
         print(progress_line(self.stats, time.monotonic() - start), file=self._out, flush=True)
+        unwritten = self._unwritten(self.stats)
         print(f"stopping: {self._stop_reason}; " + (
             "drained: every batch read is in an emitted pane" if drained else
             f"drain timed out after {self._config.drain_timeout:g} s: batches read since the last pane may "
-            "be in no emitted pane"), file=self._out, flush=True)
+            "be in no emitted pane" + (f"; not yet written: {', '.join(unwritten)}" if unwritten else "")),
+            file=self._out, flush=True)
         return self._stop_reason
 
 

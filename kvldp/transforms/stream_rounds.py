@@ -31,7 +31,7 @@ from kvldp.mechanisms.protocol import Collection
 from kvldp.schemas import envelope
 from kvldp.schemas.records import broadcast_records
 from kvldp.transforms.global_combine import combine_without_defaults
-from kvldp.transforms.streaming import DEAD_LETTER, Pane, PaneCounters
+from kvldp.transforms.streaming import DEAD_LETTER, DeadLetterOutput, Pane, PaneCounters
 from kvldp.transforms.tally import JobCounter
 
 ROUNDS = "rounds"
@@ -107,7 +107,7 @@ class ChainRoundsFn(beam.DoFn):
         self._protocol, self._collection_id, self._names = protocol, collection_id, list(key_names)
         self._panes = PaneCounters(job)
         self._refused, self._finalised = JobCounter(job, "batches_refused"), JobCounter(job, "rounds_finalized")
-        self._stopped = JobCounter(job, "protocol_stopped")
+        self._stopped, self._dead = JobCounter(job, "protocol_stopped"), DeadLetterOutput(job)
 
     def process(self, element, chain=CHAIN_STATE):
         _, (head, acc) = element
@@ -116,7 +116,7 @@ class ChainRoundsFn(beam.DoFn):
             why = self._refusal(state, latest, r, broadcast, layout)
             if why:
                 self._refused.inc(n)
-                yield beam.pvalue.TaggedOutput(DEAD_LETTER, {
+                yield self._dead({
                     "reason": why[0], "detail": f"{n} batches of round {r + 1} in window {head.name}: {why[1]}",
                     "attributes": {envelope.ROUND: str(r + 1), envelope.BROADCAST: broadcast},
                     "data_base64": "", "processing_time_ms": 0})

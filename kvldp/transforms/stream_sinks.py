@@ -110,49 +110,50 @@ class _PublishConfirmedFn(beam.DoFn):
         self._published.inc()
 
 
-
 class Publish(beam.PTransform):
     """Elements -> one message each on ``topic`` (``projects/P/topics/T``),
     made by ``to_message(element, *args)``: ``pane_message``,
-    ``dead_letter_message`` or ``broadcast_message``.
+    ``dead_letter_message`` or ``broadcast_message``; ``published``: a
+    ``JobCounter`` of the messages the service confirmed.
 
-    ``published``: a ``JobCounter`` of the messages the service confirmed,
-    for a job that must not stop before they are out. Beam's
-    ``WriteToPubSub`` publishes a bundle's messages when the bundle
-    finishes, so a job stopped once its files were written lost the last
-    pane's message now and then (the streaming test's 5 messages for 6 pane
-    files); with a counter each message is published and confirmed as it
-    comes, and the job's monitor waits for the count (``pipelines/stream.py``)."""
+    Each message is published and confirmed as it comes, and counted then,
+    so the job's monitor can wait for the count before it stops
+    (``pipelines/stream.py``). Beam's ``WriteToPubSub`` publishes a bundle's
+    messages when the bundle finishes, so a job stopped once its files were
+    written lost the last pane's message now and then (the streaming test's
+    5 messages for 6 pane files)."""
 
-    def __init__(self, topic: str, to_message, *args, published: JobCounter | None = None,
-                 label: str | None = None):
+    def __init__(self, topic: str, to_message, *args, published: JobCounter, label: str | None = None):
         super().__init__(label)
         self._topic, self._to_message, self._args, self._published = topic, to_message, args, published
 
     def expand(self, elements):
         messages = elements | "ToMessage" >> beam.Map(self._to_message, *self._args)
-        if self._published is None:
-            return messages | "Publish" >> beam.io.WriteToPubSub(self._topic, with_attributes=True)
         return messages | "PublishConfirmed" >> beam.ParDo(_PublishConfirmedFn(self._topic, self._published))
 
 
 class _WriteDeadLetterFn(beam.DoFn):
-    def __init__(self, directory: str):
-        self._dir = directory
+    def __init__(self, directory: str, written: JobCounter | None):
+        self._dir, self._written = directory, written
 
     def process(self, letter: dict):
         attrs = letter.get("attributes", {})
         ident = attrs.get(envelope.MESSAGE_ID) or f"batch{attrs.get(envelope.BATCH, 'unknown')}"
         name = f"{letter['reason'].replace(' ', '_')}-{ident}-{letter['processing_time_ms']}.json"
-        yield publish_file(FileSystems.join(self._dir, name), json.dumps(letter).encode())
+        path = publish_file(FileSystems.join(self._dir, name), json.dumps(letter).encode())
+        if self._written is not None:
+            self._written.inc()
+        yield path
 
 
 class WriteDeadLetters(beam.PTransform):
-    """Dead letters -> one JSON file each under ``directory`` (reason, attributes, body)."""
+    """Dead letters -> one JSON file each under ``directory`` (reason,
+    attributes, body); ``written``: a ``JobCounter`` of the files written,
+    for a job that must not stop before they are out."""
 
-    def __init__(self, directory: str, label: str | None = None):
+    def __init__(self, directory: str, written: JobCounter | None = None, label: str | None = None):
         super().__init__(label)
-        self._fn = _WriteDeadLetterFn(directory)
+        self._fn = _WriteDeadLetterFn(directory, written)
 
     def expand(self, letters):
         return letters | "WriteDeadLetterFiles" >> beam.ParDo(self._fn)

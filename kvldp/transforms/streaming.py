@@ -86,6 +86,24 @@ class WindowSpec:
         return self.allowed_lateness + self.max_future + 1.0
 
 
+DEAD_LETTERS_EMITTED = "dead_letters_emitted"
+
+
+class DeadLetterOutput:
+    """A streaming DoFn's dead-letter output: ``out(letter)`` is the tagged
+    output, counted (``dead_letters_emitted``) as it is made, so the job's
+    monitor can wait until its sinks have written and published as many
+    (``pipelines/stream.py``): a letter refused at the end of a job is never
+    lost to the stop."""
+
+    def __init__(self, job: str):
+        self._emitted = JobCounter(job, DEAD_LETTERS_EMITTED)
+
+    def __call__(self, letter: dict) -> beam.pvalue.TaggedOutput:
+        self._emitted.inc()
+        return beam.pvalue.TaggedOutput(DEAD_LETTER, letter)
+
+
 def dead_letter(reason: str, message, detail: str = "") -> dict:
     """A dead letter: the reason, the message's attributes and body (base64;
     the body is randomised reports, what the collector may see), so it can
@@ -126,7 +144,7 @@ class CheckMessageFn(beam.DoFn):
         self._protocol, self._expected = protocol, dict(expected)
         self._max_future_ms = int(max_future * 1000)
         self._read, self._rejected = JobCounter(job, "messages_read"), JobCounter(job, "messages_rejected")
-        self._valid = JobCounter(job, "messages_valid")
+        self._valid, self._dead = JobCounter(job, "messages_valid"), DeadLetterOutput(job)
 
     def process(self, message):
         self._read.inc()
@@ -135,7 +153,7 @@ class CheckMessageFn(beam.DoFn):
             batch, message_id = self._check(message, attrs)
         except _Reject as err:
             self._rejected.inc()
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER, dead_letter(err.reason, message, err.detail))
+            yield self._dead(dead_letter(err.reason, message, err.detail))
             return
         self._valid.inc()
         yield message_id, batch
@@ -243,6 +261,7 @@ class LatenessGateFn(beam.DoFn):
         self._spec, self._windowfn = spec, spec.windowfn()
         self._accepted, self._reports = JobCounter(job, "batches_accepted"), JobCounter(job, "reports_accepted")
         self._late, self._late_windows = JobCounter(job, "batches_late"), JobCounter(job, "late_window_assignments")
+        self._dead = DeadLetterOutput(job)
 
     def process(self, reports, timestamp=beam.DoFn.TimestampParam):
         windows = self._windowfn.assign(window.WindowFn.AssignContext(timestamp, reports))
@@ -253,7 +272,7 @@ class LatenessGateFn(beam.DoFn):
         if not open_:
             self._late.inc()
             ends = ", ".join(str(w.end) for w in windows)
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER, {
+            yield self._dead({
                 "reason": "late", "detail": f"event time {timestamp}: its windows ended at {ends}, more than "
                                             f"{self._spec.allowed_lateness:g} s before {now}",
                 "attributes": {envelope.BATCH: str(reports.reports.batch_id),
