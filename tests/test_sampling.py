@@ -13,9 +13,9 @@ import math
 import numpy as np
 import pytest
 
-from kvldp.mechanisms.base import UserBatch
+from kvldp.mechanisms.base import UserBatch, one_entry_each
 from kvldp.mechanisms.randomness import STREAM_DATA, STREAM_PERTURB, batch_rng, bernoulli_positions, fresh_seed
-from kvldp.mechanisms.sampling import discretise, padding_and_sampling, uniform_key_sampling
+from kvldp.mechanisms.sampling import canonical_pairs, discretise, padding_and_sampling, uniform_key_sampling
 from tolerances import Z_FEW, Z, binomial_sigma
 
 
@@ -133,6 +133,31 @@ def test_uniform_key_sampling_canonical_form():
     freq = np.bincount(j, minlength=d) / n
     assert j.min() >= 0 and j.max() < d
     assert np.all(np.abs(freq - 1 / d) < Z * binomial_sigma(1 / d, n))
+
+
+@pytest.mark.parametrize("layout", ["one pair each", "one pair each but one", "several"])
+def test_canonical_pairs_equals_a_dict_lookup(layout):
+    """Single-pair users take a shortcut (``one_entry_each``): the same
+    arrays, dtypes included, as the sorted lookup every other layout takes."""
+    rng = np.random.default_rng(7)
+    d, n = 9, 3000
+    if layout == "several":
+        users = UserBatch.concat([repeat_user(list(zip(rng.choice(d, k, replace=False).tolist(),
+                                                       rng.uniform(-1, 1, k).tolist(), strict=True)), 1)
+                                  for k in rng.integers(0, 4, n)])
+    else:
+        users = UserBatch.single_pair(rng.integers(0, d, n), rng.uniform(-1, 1, n))
+        if layout == "one pair each but one":      # a user without a pair: the general lookup
+            users = UserBatch(np.concatenate([[0], users.offsets]), users.keys, users.values)
+    j = rng.integers(0, d, users.n_users)
+    held, values = canonical_pairs(users, d, j)
+    lookup = [dict(zip(users.keys[a:b].tolist(), users.values[a:b].tolist(), strict=True))
+              for a, b in zip(users.offsets[:-1], users.offsets[1:], strict=True)]
+    assert held.dtype == bool and values.dtype == np.float64
+    np.testing.assert_array_equal(held, [jj in u for jj, u in zip(j.tolist(), lookup, strict=True)])
+    np.testing.assert_array_equal(values, [u.get(jj, 0.0) for jj, u in zip(j.tolist(), lookup, strict=True)])
+    assert held.any() and (~held).any()
+    assert one_entry_each(users.offsets) == (layout == "one pair each")
 
 
 def test_uniform_key_sampling_without_any_pairs():
