@@ -8,13 +8,8 @@ from apache_beam.coders import VarIntCoder
 from apache_beam.transforms import userstate
 from apache_beam.transforms.timeutil import TimeDomain
 
-from kvldp.mechanisms.pckv import PCKVUE
-from kvldp.mechanisms.privkvm import PrivKVMPlus
-from kvldp.pipelines import sources
-from kvldp.pipelines.graphs import simulate_graph
+from graph_dofns import kvldp_dofns
 from kvldp.transforms import dofn_specs
-from kvldp.transforms.io import ReadReports, WriteEstimates
-from kvldp.transforms.ratings import ReadRatings
 
 COUNT = userstate.BagStateSpec("count", VarIntCoder())
 TIMER = userstate.TimerSpec("flush", TimeDomain.WATERMARK)
@@ -66,32 +61,8 @@ def test_beam_asks_the_memo():
     assert userstate.is_stateful_dofn(_Stateful()) and not userstate.is_stateful_dofn(_Plain())
 
 
-def _dofns(p: beam.Pipeline) -> list:
-    fns = []
-
-    class DoFns(beam.pipeline.PipelineVisitor):
-        def visit_transform(self, node):
-            if isinstance(node.transform, beam.ParDo):
-                fns.append(node.transform.fn)
-
-    p.visit(DoFns())
-    return fns
-
-
 def test_every_dofn_of_kvldps_graphs_gets_beams_answer(tmp_path):
-    data = sources.DataConfig("synthetic-uu", users=100, keys=10, seed=1, batch_size=50)
-    dataset = sources.built_in_dataset(data, 1)
-    fns = []
-    for protocol in (PCKVUE(10, 2.0), PrivKVMPlus(10, 2.0)):       # one round; data-dependent rounds
-        p = beam.Pipeline()
-        source = sources.user_source(p, data, dataset)
-        run = simulate_graph(source, protocol, 1)
-        run["records"] | WriteEstimates(str(tmp_path / "e.jsonl"))
-        fns += _dofns(p)
-    p = beam.Pipeline()
-    p | "Ratings" >> ReadRatings(str(tmp_path / "*.csv"), (1.0, 5.0))
-    p | "Reports" >> ReadReports(str(tmp_path / "*.avro"), PCKVUE(2, 2.0), 0, {})
-    fns += _dofns(p)
+    fns = kvldp_dofns(tmp_path)
     assert len(fns) > 40
     for fn in fns:
         assert _same(fn), fn

@@ -9,13 +9,8 @@ import logging
 import apache_beam as beam
 from apache_beam.transforms import core
 
-from kvldp.mechanisms.pckv import PCKVUE
-from kvldp.mechanisms.privkvm import PrivKVMPlus
-from kvldp.pipelines import sources
-from kvldp.pipelines.graphs import simulate_graph
+from graph_dofns import kvldp_dofns
 from kvldp.transforms import yield_check
-from kvldp.transforms.io import ReadReports, WriteEstimates
-from kvldp.transforms.ratings import ReadRatings
 
 
 class _YieldsAndReturns(beam.DoFn):
@@ -30,35 +25,12 @@ class _Yields(beam.DoFn):
         yield element
 
 
-def _dofns(p: beam.Pipeline) -> list:
-    fns = []
-
-    class DoFns(beam.pipeline.PipelineVisitor):
-        def visit_transform(self, node):
-            if isinstance(node.transform, beam.ParDo):
-                fns.append(node.transform.fn)
-
-    p.visit(DoFns())
-    return fns
-
-
 def test_par_do_asks_the_memo():
     assert core._check_fn_use_yield_and_return is yield_check.uses_yield_and_return
 
 
 def test_every_dofn_of_kvldps_graphs_gets_beams_answer(tmp_path):
-    data = sources.DataConfig("synthetic-uu", users=100, keys=10, seed=1, batch_size=50)
-    dataset = sources.built_in_dataset(data, 1)
-    fns = []
-    for protocol in (PCKVUE(10, 2.0), PrivKVMPlus(10, 2.0)):
-        p = beam.Pipeline()
-        run = simulate_graph(sources.user_source(p, data, dataset), protocol, 1)
-        run["records"] | WriteEstimates(str(tmp_path / "e.jsonl"))
-        fns += _dofns(p)
-    p = beam.Pipeline()
-    p | "Ratings" >> ReadRatings(str(tmp_path / "*.csv"), (1.0, 5.0))
-    p | "Reports" >> ReadReports(str(tmp_path / "*.avro"), PCKVUE(2, 2.0), 0, {})
-    fns += _dofns(p)
+    fns = kvldp_dofns(tmp_path)
     assert len(fns) > 40
     for fn in [*fns, _YieldsAndReturns(), _Yields()]:
         for _ in range(2):          # the remembered answer too
