@@ -1,8 +1,9 @@
 """The jobs behind the ``kvldp`` command.
 
 Importing this package sets the C heap up for the in-process local runner
-(one glibc arena for all threads: ``allocator.py``) -- first, before
-pyarrow's or Beam's imports start threads, after which it could not -- and
+(one glibc arena for all threads, and a batch's temporaries kept in the
+heap: ``allocator.py``) -- first, before pyarrow's or Beam's imports start
+threads, after which the arena limit could not be set -- and
 then imports Beam without its one notice about a base install.
 
 kvldp installs Beam without the gcp extra (``setup.py``), and Beam's
@@ -15,9 +16,9 @@ other to where it would have gone.
 """
 import logging
 
-from kvldp.pipelines.allocator import one_arena
+from kvldp.pipelines.allocator import set_up_heap
 
-one_arena()
+set_up_heap()
 
 BEAM_BASE_INSTALL_NOTICE = "apitools not found, and bigquery client libraries are not available"
 
