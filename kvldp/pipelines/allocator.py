@@ -21,8 +21,9 @@ defaults cost a d = 10^6 job a third of its memory (KS-UE, 10^4 users):
   whenever more than 0.8 MB of it is free -- after every few temporaries --
   and the next ones fault their pages in again, each zero-filled by the
   kernel while the thread holds the GIL: three 0.4 MB arrays made and freed
-  cost 261 page faults a time, and PCKV-UE's perturbation at 10^7 users
-  took 3.35 s where it takes 2.42 s with the heap kept (Beam: 1.72 -> 1.42 s).
+  cost 261 page faults a time, and PCKV-UE at 10^7 users took 3.30-3.49 s
+  where it takes 2.39-2.78 s with the heap kept (Beam: 2.05-2.27 -> 1.72-2.09 s,
+  three interleaved runs each).
 
 And one Python default costs every job time: a full collection walks every
 tracked object, and after the imports (Beam, its gcp clients, protobuf) there
@@ -82,8 +83,8 @@ def steady_heap() -> None:
     ends up after a 32 MiB array is freed, instead of wherever the first
     array freed leaves it; module docstring). Larger arrays -- a UE batch at
     d = 10^6 -- are mapped and unmapped as before, and ``release_freed_memory``
-    still hands the free heap back after a job: PCKV-UE at d = 10^5 peaked at
-    672 MB with it and 680 MB without."""
+    still hands the free heap back after a job: PCKV-UE at d = 10^6 (10^4
+    users) peaked at 742 MB with it and 749 MB without."""
     libc = _glibc()
     if libc is not None:
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
