@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import math
 import time
 
@@ -19,7 +20,7 @@ from kvldp.mechanisms import registry
 from kvldp.pipelines.units import parse_duration, parse_instant_ms, pubsub_path
 from kvldp.schemas import envelope
 from kvldp.transforms.stream_rounds import ChainRoundsFn
-from kvldp.transforms.stream_sinks import pane_bytes, pane_records
+from kvldp.transforms.stream_sinks import _WriteDeadLetterFn, pane_bytes, pane_records
 from kvldp.transforms.streaming import (
     DEAD_LETTER,
     DEAD_LETTERS_EMITTED,
@@ -30,7 +31,7 @@ from kvldp.transforms.streaming import (
     WindowSpec,
     expected_rounds,
 )
-from kvldp.transforms.tally import forget, tally
+from kvldp.transforms.tally import JobCounter, forget, tally
 
 MECH = registry.make("pckv-grr", 6, 2.0)
 CONFIG = dict(MECH.config())
@@ -154,6 +155,24 @@ def test_every_dead_letter_is_counted_as_it_is_made():
     out = list(chain.process(("chain", (head, {(1, "broadcast-x", "layout"): (counts, 4)})), _Chain()))
     assert [o.value["reason"] for o in out] == ["round out of order"]
     assert tally(job)[DEAD_LETTERS_EMITTED] == 3 and tally(job)["batches_refused"] == 4
+    forget(job)
+
+
+def test_every_dead_letter_gets_a_file_of_its_own(tmp_path):
+    """A round's refusals carry no message id, batch or time: two of them
+    had one file name, and the second overwrote the first. A retried
+    letter still rewrites its own file."""
+    job = "units-dead-letter-files"
+    forget(job)
+    fn = _WriteDeadLetterFn(str(tmp_path), JobCounter(job, "files"))
+    refusals = [{"reason": "round out of order", "detail": f"4 batches of round 2 in window {w}",
+                 "attributes": {envelope.ROUND: "2", envelope.BROADCAST: "b"}, "data_base64": "",
+                 "processing_time_ms": 0} for w in ("w0", "w1")]
+    for letter in [*refusals, refusals[0]]:
+        list(fn.process(letter))
+    files = sorted(tmp_path.glob("*.json"))
+    assert len(files) == 2 and tally(job)["files"] == 3
+    assert sorted(json.loads(f.read_text())["detail"] for f in files) == sorted(r["detail"] for r in refusals)
     forget(job)
 
 

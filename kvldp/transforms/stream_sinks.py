@@ -11,6 +11,7 @@ panes, emit earlier panes' records again.)
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import uuid
@@ -132,15 +133,24 @@ class Publish(beam.PTransform):
         return messages | "PublishConfirmed" >> beam.ParDo(_PublishConfirmedFn(self._topic, self._published))
 
 
+def dead_letter_name(letter: dict, body: bytes) -> str:
+    """``{reason}-{message id or batch}-{processing ms}-{digest}.json``: the
+    digest of the letter's JSON tells apart letters the rest does not (a
+    round's refusals carry no message id, batch or time), and a retried
+    letter is the same file."""
+    attrs = letter.get("attributes", {})
+    ident = attrs.get(envelope.MESSAGE_ID) or f"batch{attrs.get(envelope.BATCH, 'unknown')}"
+    digest = hashlib.blake2b(body, digest_size=6).hexdigest()
+    return f"{letter['reason'].replace(' ', '_')}-{ident}-{letter['processing_time_ms']}-{digest}.json"
+
+
 class _WriteDeadLetterFn(beam.DoFn):
     def __init__(self, directory: str, written: JobCounter | None):
         self._dir, self._written = directory, written
 
     def process(self, letter: dict):
-        attrs = letter.get("attributes", {})
-        ident = attrs.get(envelope.MESSAGE_ID) or f"batch{attrs.get(envelope.BATCH, 'unknown')}"
-        name = f"{letter['reason'].replace(' ', '_')}-{ident}-{letter['processing_time_ms']}.json"
-        path = publish_file(FileSystems.join(self._dir, name), json.dumps(letter).encode())
+        body = json.dumps(letter).encode()
+        path = publish_file(FileSystems.join(self._dir, dead_letter_name(letter, body)), body)
         if self._written is not None:
             self._written.inc()
         yield path
