@@ -20,7 +20,7 @@ from kvldp.mechanisms import registry
 from kvldp.pipelines.units import parse_duration, parse_instant_ms, pubsub_path
 from kvldp.schemas import envelope
 from kvldp.transforms.stream_rounds import ChainRoundsFn
-from kvldp.transforms.stream_sinks import _WriteDeadLetterFn, pane_bytes, pane_records
+from kvldp.transforms.stream_sinks import DEAD_LETTER_FILES_WRITTEN, _WriteDeadLetterFn, pane_bytes, pane_records
 from kvldp.transforms.streaming import (
     DEAD_LETTER,
     DEAD_LETTERS_EMITTED,
@@ -31,7 +31,7 @@ from kvldp.transforms.streaming import (
     WindowSpec,
     expected_rounds,
 )
-from kvldp.transforms.tally import JobCounter, forget, tally
+from kvldp.transforms.tally import forget, tally
 
 MECH = registry.make("pckv-grr", 6, 2.0)
 CONFIG = dict(MECH.config())
@@ -164,14 +164,14 @@ def test_every_dead_letter_gets_a_file_of_its_own(tmp_path):
     letter still rewrites its own file."""
     job = "units-dead-letter-files"
     forget(job)
-    fn = _WriteDeadLetterFn(str(tmp_path), JobCounter(job, "files"))
+    fn = _WriteDeadLetterFn(str(tmp_path), job)
     refusals = [{"reason": "round out of order", "detail": f"4 batches of round 2 in window {w}",
                  "attributes": {envelope.ROUND: "2", envelope.BROADCAST: "b"}, "data_base64": "",
                  "processing_time_ms": 0} for w in ("w0", "w1")]
     for letter in [*refusals, refusals[0]]:
         list(fn.process(letter))
     files = sorted(tmp_path.glob("*.json"))
-    assert len(files) == 2 and tally(job)["files"] == 3
+    assert len(files) == 2 and tally(job)[DEAD_LETTER_FILES_WRITTEN] == 3
     assert sorted(json.loads(f.read_text())["detail"] for f in files) == sorted(r["detail"] for r in refusals)
     forget(job)
 

@@ -38,7 +38,10 @@ from kvldp.schemas import envelope
 from kvldp.transforms.direct_pubsub import responsive_pulls
 from kvldp.transforms.stream_rounds import ROUNDS, ChainRounds
 from kvldp.transforms.stream_sinks import (
+    DEAD_LETTER_FILES_WRITTEN,
+    PANE_FILES_WRITTEN,
     PANE_FORMATS,
+    ROUND_FILES_WRITTEN,
     Publish,
     WriteDeadLetters,
     WritePanes,
@@ -63,7 +66,7 @@ from kvldp.transforms.tally import JobCounter, forget, tally
 DIRECT_RUNNERS = (None, "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 # counters of the messages the service confirmed (stream_sinks.Publish): the job stops only after them
 PANES_PUBLISHED, BROADCASTS_PUBLISHED = "pane_messages_published", "broadcasts_published"
-DEAD_LETTER_FILES_WRITTEN, DEAD_LETTERS_PUBLISHED = "dead_letter_files_written", "dead_letters_published"
+DEAD_LETTERS_PUBLISHED = "dead_letters_published"
 
 
 def add_arguments(parser: argparse.ArgumentParser):
@@ -207,8 +210,7 @@ def stream_graph(p: beam.Pipeline, config: StreamConfig, protocol, key_names, id
                                           published=JobCounter(job, PANES_PUBLISHED))
     letters = tuple(dead) | "DeadLetters" >> beam.Flatten()
     if config.dead_letter_dir:
-        letters | "WriteDeadLetters" >> WriteDeadLetters(config.dead_letter_dir,
-                                                         JobCounter(job, DEAD_LETTER_FILES_WRITTEN))
+        letters | "WriteDeadLetters" >> WriteDeadLetters(config.dead_letter_dir, job)
     if config.dead_letter_topic:
         letters | "PublishDeadLetters" >> Publish(config.dead_letter_topic, dead_letter_message,
                                                   published=JobCounter(job, DEAD_LETTERS_PUBLISHED))
@@ -265,8 +267,8 @@ class Monitor:
         config = self._config
         panes, rounds = s.get("panes_emitted", 0), s.get("rounds_finalized", 0)
         letters = s.get(DEAD_LETTERS_EMITTED, 0)
-        sinks = [(config.output_dir, "pane files", "pane_files_written", panes),
-                 (config.output_dir, "round files", "round_files_written", rounds),
+        sinks = [(config.output_dir, "pane files", PANE_FILES_WRITTEN, panes),
+                 (config.output_dir, "round files", ROUND_FILES_WRITTEN, rounds),
                  (config.output_topic, "pane messages", PANES_PUBLISHED, panes),
                  (config.broadcast_topic, "broadcasts", BROADCASTS_PUBLISHED, rounds),
                  (config.dead_letter_dir, "dead-letter files", DEAD_LETTER_FILES_WRITTEN, letters),

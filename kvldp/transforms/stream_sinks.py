@@ -27,6 +27,9 @@ from kvldp.schemas.records import estimate_records
 from kvldp.transforms.tally import JobCounter
 
 PANE_FORMATS = ("jsonl", "avro")
+# what each file sink counts as written (the job's monitor waits for them: pipelines/stream.py)
+PANE_FILES_WRITTEN, ROUND_FILES_WRITTEN = "pane_files_written", "round_files_written"
+DEAD_LETTER_FILES_WRITTEN = "dead_letter_files_written"
 
 
 def publish_file(path: str, data: bytes) -> str:
@@ -60,7 +63,7 @@ def pane_bytes(records: list[dict], fmt: str) -> bytes:
 class _WritePaneFn(beam.DoFn):
     def __init__(self, directory: str, fmt: str, key_names, keys, job: str):
         self._dir, self._fmt, self._names, self._keys = directory, fmt, list(key_names), keys
-        self._written = JobCounter(job, "pane_files_written")
+        self._written = JobCounter(job, PANE_FILES_WRITTEN)
 
     def process(self, pane):
         path = FileSystems.join(self._dir, f"estimates-{pane.name}.{self._fmt}")
@@ -145,25 +148,24 @@ def dead_letter_name(letter: dict, body: bytes) -> str:
 
 
 class _WriteDeadLetterFn(beam.DoFn):
-    def __init__(self, directory: str, written: JobCounter | None):
-        self._dir, self._written = directory, written
+    def __init__(self, directory: str, job: str):
+        self._dir = directory
+        self._written = JobCounter(job, DEAD_LETTER_FILES_WRITTEN)
 
     def process(self, letter: dict):
         body = json.dumps(letter).encode()
         path = publish_file(FileSystems.join(self._dir, dead_letter_name(letter, body)), body)
-        if self._written is not None:
-            self._written.inc()
+        self._written.inc()
         yield path
 
 
 class WriteDeadLetters(beam.PTransform):
     """Dead letters -> one JSON file each under ``directory`` (reason,
-    attributes, body); ``written``: a ``JobCounter`` of the files written,
-    for a job that must not stop before they are out."""
+    attributes, body), each counted once written (``dead_letter_files_written``)."""
 
-    def __init__(self, directory: str, written: JobCounter | None = None, label: str | None = None):
+    def __init__(self, directory: str, job: str, label: str | None = None):
         super().__init__(label)
-        self._fn = _WriteDeadLetterFn(directory, written)
+        self._fn = _WriteDeadLetterFn(directory, job)
 
     def expand(self, letters):
         return letters | "WriteDeadLetterFiles" >> beam.ParDo(self._fn)
@@ -190,7 +192,7 @@ def broadcast_bytes(records: list[dict]) -> bytes:
 class _WriteRoundFn(beam.DoFn):
     def __init__(self, directory: str, protocol, job: str):
         self._dir, self._protocol = directory, protocol
-        self._written = JobCounter(job, "round_files_written")
+        self._written = JobCounter(job, ROUND_FILES_WRITTEN)
 
     def process(self, outcome):
         stem = FileSystems.join(self._dir, f"round-{outcome.round:02d}")
