@@ -207,6 +207,14 @@ def scratch_path(beam_args: Sequence[str], name: str) -> str:
     return FileSystems.join(directory, name)
 
 
+def spill_directory(p: beam.Pipeline) -> str | None:
+    """Where a job's large groupings wait on disk (``transforms/spill.py``):
+    a local scratch directory on the in-process runner, whose GroupByKey
+    holds its whole input in memory; ``None`` on any other runner, whose
+    shuffle spills by itself."""
+    return scratch_path([], "spill") if isinstance(p.runner, LocalRunner) else None
+
+
 @contextlib.contextmanager
 def scratch_scope():
     """Remove the scratch directories made inside the block when it ends,

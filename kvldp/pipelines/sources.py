@@ -20,7 +20,15 @@ from kvldp.mechanisms.padding import merge_histograms, size_histogram
 from kvldp.mechanisms.randomness import SimulationSeed, fresh_seed
 from kvldp.mechanisms.sizing import DEFAULT_MEMORY_BUDGET, batch_size_for
 from kvldp.pipelines import run_seed
-from kvldp.pipelines.runner import Progress, finish, make_pipeline, read_array, save_array, scratch_path
+from kvldp.pipelines.runner import (
+    Progress,
+    finish,
+    make_pipeline,
+    read_array,
+    save_array,
+    scratch_path,
+    spill_directory,
+)
 from kvldp.pipelines.units import parse_bytes, path_arg
 from kvldp.transforms.coders import UserBatchCoder  # noqa: F401  (registers the coder)
 from kvldp.transforms.global_combine import CombineAll
@@ -269,11 +277,13 @@ class DataConfig:
                 f"{self.max_reject_rate:.1%}: the reasons are in {dead_letter}; fix the input (--rating-range, "
                 "--key-dictionary, columns) or raise --max-reject-rate")
 
-    def read_ratings(self, dictionary: Sequence[str] | None, stable_ids: bool = True) -> ReadRatings:
-        """The transform reading this config's ratings files (``stable_ids``:
-        see ``ReadRatings``), in batches of at most ``batch_size`` users once sized."""
+    def read_ratings(self, dictionary: Sequence[str] | None, stable_ids: bool = True,
+                     spill: str | None = None) -> ReadRatings:
+        """The transform reading this config's ratings files (``stable_ids``,
+        ``spill``: see ``ReadRatings``), in batches of at most ``batch_size``
+        users once sized."""
         return ReadRatings(self.dataset, self.rating_range, dictionary, self.ratings_format, self.shards,
-                           stable_ids, self.batch_size)
+                           stable_ids, self.batch_size, spill)
 
 
 class TooManyRejected(ValueError):
@@ -399,7 +409,8 @@ def derive_dictionary_and_sizes(data: DataConfig, beam_args) -> tuple[list[str],
     with the rows)."""
     out, sizes = scratch_path(beam_args, "keys.txt"), scratch_path(beam_args, "set_sizes.npy")
     p = make_pipeline(beam_args)
-    scan = p | "ScanRatings" >> ScanRatings(data.dataset, data.rating_range, data.ratings_format, data.shards)
+    scan = p | "ScanRatings" >> ScanRatings(data.dataset, data.rating_range, data.ratings_format, data.shards,
+                                            spill_directory(p))
     (scan["dictionary"] | "Join" >> beam.Map("\n".join)
      | "Write" >> beam.io.WriteToText(out, num_shards=1, shard_name_template=""))
     scan["sizes"] | "SaveSizes" >> beam.Map(save_array, sizes)
@@ -445,7 +456,7 @@ def user_source(p: beam.Pipeline, data: DataConfig, dataset: Dataset | None,
         # a generated dataset pickles as its parameters: its recipes are cheaper than its users
         recipes = UserRecipes(specs, dataset.batch) if dataset.generated else None
         return UserSource(users, names, None, dataset.d, recipes)
-    read = p | "ReadRatings" >> data.read_ratings(dictionary, stable_ids)
+    read = p | "ReadRatings" >> data.read_ratings(dictionary, stable_ids, spill_directory(p))
     return UserSource(typed_users(read["users"]), read["dictionary"], read[DEAD_LETTER], len(dictionary))
 
 
