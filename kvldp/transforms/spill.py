@@ -12,9 +12,12 @@ Here each value goes to a file of its own, written by the step that makes
 it; only ``(key, path)`` passes through the GroupByKey, and a group's values
 are read back when its iterable is walked. What a worker holds is then the
 group it is on, not the whole input. The files live in a job's scratch
-directory (``runner.scratch_path``: removed when the job ends, however it
-ends) and hold what the grouping would have held -- raw ratings, on the
-ingest side, never the collector's. A retried bundle writes fresh files
+directory (``runner.scratch_path``: under ``TMPDIR``, private to the user,
+removed when the job ends, however it ends) and hold what the grouping
+would have held -- raw ratings, on the ingest side, never the collector's.
+Where ``TMPDIR`` is a tmpfs the files are in memory again, once and
+swappable instead of twice in the process: point it at a disk for files
+larger than the memory budget. A retried bundle writes fresh files
 (the abandoned attempt's are only removed with the directory), so a group
 reads exactly the values its committed input named.
 """
