@@ -139,3 +139,15 @@ def test_the_ingest_counts_its_spilled_files(tmp_path, capsys):
     assert tally.tally(tally.PROCESS).get(SPILLED_FILES, 0) > before_files
     assert "rows read 1206 = accepted 1201 + rejected 5 [ok]" in capsys.readouterr().out.replace(",", "")
     assert set(Path(runner.tempfile.gettempdir()).glob("kvldp-*")) <= before
+
+
+def test_a_spill_that_cannot_be_written_names_the_directory_and_what_to_do(tmp_path):
+    """A full or unwritable TMPDIR fails the job with the directory and the fix, not a bare OSError."""
+    from kvldp.transforms.context import ElementError
+    from kvldp.transforms.spill import SpillFn
+
+    blocked = tmp_path / "file-not-a-directory"
+    blocked.write_text("")
+    fn = SpillFn(str(blocked / "spill"), beam.coders.registry.get_coder(np.ndarray))
+    with pytest.raises(ElementError, match=r"spilling a group's value to .*file-not-a-directory.*set TMPDIR"):
+        list(fn.process((1, np.arange(3))))

@@ -33,6 +33,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.typehints import typehints
 
 from kvldp.transforms import tally
+from kvldp.transforms.context import element_context
 
 SPILLED_FILES = "spilled_files"
 SPILLED_BYTES = "spilled_bytes"
@@ -50,7 +51,9 @@ class SpillFn(beam.DoFn):
         key, value = element
         path = FileSystems.join(self._directory, f"{uuid.uuid4().hex}.bin")
         data = self._coder.encode(value)
-        with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+        where = (f"spilling a group's value to {self._directory} "
+                 "(set TMPDIR to a directory with room: ~50 B a ratings row)")
+        with element_context(where), FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
             fh.write(data)
         self._files.inc()
         self._bytes.inc(len(data))
