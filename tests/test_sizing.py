@@ -72,3 +72,33 @@ def test_the_readme_clothing_cell_stays_within_its_budget(tmp_path):
                    check=True, capture_output=True)
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     assert peak_kib > before and peak_kib < 2**20, f"peak {peak_kib / 2**20:.2f} GiB"
+
+
+@pytest.mark.parametrize("name, d, epsilon, options", [
+    ("pckv-ue", 5850, 0.5, {}), ("ks-ue", 5850, 0.5, {}),
+    ("ioh-sue", 100, 4.0, {"ioh_keys": tuple(range(10))}), ("ioh-oue", 100, 4.0, {"ioh_keys": tuple(range(10))})])
+def test_a_budget_sized_batch_perturbs_within_the_working_set_the_size_assumes(name, d, epsilon, options):
+    """The batch size assumes a batch's perturbation peaks at
+    ``WORKING_SET_FACTOR`` times its reports' bytes; measured here
+    (tracemalloc: NumPy reports its buffers) on a batch of that size. IOH-SUE
+    at k = 10 peaked at 39x (0.79 GB a batch: 1.6-1.8 GB jobs) while its
+    unary encoding kept five int64 arrays of ~20M set positions at once."""
+    import tracemalloc
+
+    from kvldp.mechanisms.protocol import Collection
+    from kvldp.mechanisms.randomness import batch_rng
+
+    proto = registry.make(name, d, epsilon, **options)
+    batch = sizing.batch_size_for(proto, d)
+    assert batch < DEFAULT_BATCH_SIZE                       # the budget sizes it
+    users = sizing.probe_users(d, int(getattr(proto, "l", 1) or 1), n=batch)
+    state = proto.initial_state(Collection.from_seed(1))
+    users = proto.participants(0, users, state)
+    tracemalloc.start()
+    try:
+        reports = proto.perturb_round(0, users, batch_rng(7, 1), state)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= sizing.WORKING_SET_FACTOR * sizing.report_bytes(reports), \
+        f"{peak / 1e6:.0f} MB for {sizing.report_bytes(reports) / 1e6:.0f} MB of reports"

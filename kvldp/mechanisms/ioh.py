@@ -89,12 +89,18 @@ def packed_width(n_cells: int) -> int:
     return (n_cells + 7) // 8
 
 
-def pack_positions(offsets: np.ndarray, positions: np.ndarray, n_cells: int, chunk_rows: int = 4096) -> np.ndarray:
+BLOCK_CELLS = 1 << 24      # a dense block's cells: 16 MB of bools, whatever 3^k is
+
+
+def pack_positions(offsets: np.ndarray, positions: np.ndarray, n_cells: int,
+                   chunk_rows: int | None = None) -> np.ndarray:
     """Sparse set positions (CSR) -> packed rows, through a dense bool block
     of at most ``chunk_rows`` rows (``np.packbits`` is ~10x faster than
-    scattering bit weights)."""
+    scattering bit weights); by default as many rows as fit ``BLOCK_CELLS``
+    (4,096 rows were 242 MB of block at k = 10, a fifth of IOH-SUE's batch)."""
     n = len(offsets) - 1
     out = np.empty((n, packed_width(n_cells)), dtype=np.uint8)
+    chunk_rows = chunk_rows or max(1, BLOCK_CELLS // (packed_width(n_cells) * 8))
     for s in range(0, n, chunk_rows):
         e = min(n, s + chunk_rows)
         block = np.zeros((e - s, packed_width(n_cells) * 8), dtype=bool)
@@ -103,9 +109,11 @@ def pack_positions(offsets: np.ndarray, positions: np.ndarray, n_cells: int, chu
     return out
 
 
-def bit_sums(bits: np.ndarray, n_cells: int, chunk_rows: int = 8192) -> np.ndarray:
-    """Column sums of packed rows, unpacking at most ``chunk_rows`` at a time."""
+def bit_sums(bits: np.ndarray, n_cells: int, chunk_rows: int | None = None) -> np.ndarray:
+    """Column sums of packed rows, unpacking at most ``chunk_rows`` at a
+    time (by default as many as fit ``BLOCK_CELLS``)."""
     out = np.zeros(packed_width(n_cells) * 8, dtype=np.int64)
+    chunk_rows = chunk_rows or max(1, BLOCK_CELLS // (packed_width(n_cells) * 8))
     for s in range(0, bits.shape[0], chunk_rows):
         out += np.unpackbits(bits[s:s + chunk_rows], axis=1).sum(axis=0, dtype=np.int64)
     return out[:n_cells]

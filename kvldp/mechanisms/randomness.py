@@ -140,7 +140,8 @@ def bernoulli_positions(total: int, prob: float, rng: np.random.Generator) -> np
             # Gaps can then exceed int64 (wrapping negative) or overflow the
             # cumulative sum; any gap past the end means "no more successes".
             gaps = np.where((gaps <= 0) | (gaps > total), total + 1, gaps)
-        pos = last + np.cumsum(gaps, dtype=np.int64)
+        pos = np.cumsum(gaps, dtype=np.int64, out=gaps if gaps.dtype == np.int64 else None)
+        pos += last
         pieces.append(pos)
         last = int(pos[-1])
         chunk = max(16, chunk // 4)
