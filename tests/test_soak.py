@@ -242,22 +242,31 @@ def test_soak_simulate_clothing(tmp_path, clothing_path):
 N_USERS, PER_USER, N_ITEMS = 100_000, 5, 10_000
 
 
-@pytest.fixture(scope="module")
-def ratings_csv(tmp_path_factory) -> Path:
-    """10^5 users x 5 distinct items each (of 10^4), ratings 1..5."""
-    rng = np.random.default_rng(20240515)
-    first = rng.integers(0, N_ITEMS, N_USERS)[:, None]
-    # strictly increasing offsets below N_ITEMS: 5 distinct items per user
-    steps = np.cumsum(rng.integers(1, N_ITEMS // PER_USER, (N_USERS, PER_USER)), axis=1)
-    items = (first + steps) % N_ITEMS
-    assert (np.diff(np.sort(items, axis=1), axis=1) > 0).all()
-    rows = np.column_stack([np.repeat(np.arange(N_USERS), PER_USER), items.ravel(),
-                            rng.integers(1, 6, N_USERS * PER_USER)])
-    path = tmp_path_factory.mktemp("ratings") / "ratings.csv"
+def ratings_file(path: Path, users: int, per_user: int, items: int, seed: int, shuffle: bool = False,
+                 id_step: int = 1, first_id: int = 0) -> Path:
+    """``users`` x ``per_user`` distinct items each (of ``items``), ratings
+    1..5, one user after another or (``shuffle``) rows in random order; user
+    ``u``'s id is ``first_id + u * id_step``."""
+    rng = np.random.default_rng(seed)
+    first = rng.integers(0, items, users)[:, None]
+    # strictly increasing offsets below items: per_user distinct items per user
+    steps = np.cumsum(rng.integers(1, items // per_user, (users, per_user)), axis=1)
+    chosen = (first + steps) % items
+    assert (np.diff(np.sort(chosen, axis=1), axis=1) > 0).all()
+    rows = np.column_stack([np.repeat(first_id + np.arange(users) * id_step, per_user), chosen.ravel(),
+                            rng.integers(1, 6, users * per_user)])
+    if shuffle:
+        rows = rows[rng.permutation(len(rows))]
     with open(path, "w") as fh:
         fh.write("user,item,rating\n")
         np.savetxt(fh, rows, fmt="%d", delimiter=",")
     return path
+
+
+@pytest.fixture(scope="module")
+def ratings_csv(tmp_path_factory) -> Path:
+    """10^5 users x 5 distinct items each (of 10^4), ratings 1..5."""
+    return ratings_file(tmp_path_factory.mktemp("ratings") / "ratings.csv", N_USERS, PER_USER, N_ITEMS, 20240515)
 
 
 def test_soak_perturb_then_collect_csv(tmp_path, ratings_csv):
@@ -297,19 +306,6 @@ def test_soak_perturb_then_collect_csv(tmp_path, ratings_csv):
     check("perturb+collect pckv-grr csv 1e5x5", runs, digests, failures, parts)
 
 
-def _ratings_file(path: Path, users: int, per_user: int = 5, items: int = 5_000) -> Path:
-    """``users`` x ``per_user`` distinct items each, rows in random order."""
-    rng = np.random.default_rng(users)
-    first = rng.integers(0, items, users)[:, None]
-    chosen = (first + np.cumsum(rng.integers(1, items // per_user, (users, per_user)), axis=1)) % items
-    rows = np.column_stack([np.repeat(np.arange(users) * 7 + 1000, per_user), chosen.ravel(),
-                            rng.integers(1, 6, users * per_user)])[rng.permutation(users * per_user)]
-    with open(path, "w") as fh:
-        fh.write("user,item,rating\n")
-        np.savetxt(fh, rows, fmt="%d", delimiter=",")
-    return path
-
-
 GROWTH_MB_PER_M_ROWS = 85     # measured: ~250 through the runner's grouping, ~38 spilled
 
 
@@ -323,7 +319,8 @@ def test_ingest_memory_does_not_grow_with_the_rows(tmp_path):
     for users in (50_000, 400_000):
         work = tmp_path / f"u{users}"
         (work / "out").mkdir(parents=True)
-        path = _ratings_file(work / "r.csv", users)
+        path = ratings_file(work / "r.csv", users, 5, 5_000, seed=users, shuffle=True,
+                            id_step=7, first_id=1000)
         run = run_watched(kvldp("perturb", "--mechanism", "pckv-grr", "--epsilon", "4", "--input", str(path),
                                 "--rating-range", "1,5", "--seed", "3", "--output", str(work / "out" / "R.avro")),
                           work, work / "perturb")

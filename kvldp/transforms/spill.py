@@ -31,6 +31,7 @@ from apache_beam import coders
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.typehints import typehints
+from apache_beam.typehints.trivial_inference import key_value_types
 
 from kvldp.transforms import tally
 from kvldp.transforms.context import element_context
@@ -95,7 +96,7 @@ class SpilledGroupByKey(beam.PTransform):
     def expand(self, pcoll):
         if self._directory is None:
             return pcoll | "Group" >> beam.GroupByKey()
-        key_type, value_type = _kv_types(pcoll.element_type)
+        key_type, value_type = key_value_types(pcoll.element_type)     # Any, Any when undeclared
         coder = coders.registry.get_coder(value_type)
         return (pcoll
                 | "Spill" >> beam.ParDo(SpillFn(self._directory, coder)).with_output_types(
@@ -104,9 +105,3 @@ class SpilledGroupByKey(beam.PTransform):
                 | "Load" >> beam.Map(_load, coder).with_output_types(
                     typehints.KV[key_type, typehints.Iterable[value_type]]))
 
-
-def _kv_types(element_type) -> tuple:
-    """The key and value types of a ``KV``/2-tuple element type (``Any`` for what is not declared)."""
-    if isinstance(element_type, typehints.TupleHint.TupleConstraint) and len(element_type.tuple_types) == 2:
-        return tuple(element_type.tuple_types)
-    return typehints.Any, typehints.Any
