@@ -197,6 +197,17 @@ class IOH(Mechanism):
             return ReportBatch(offsets, positions, np.ones(len(positions), dtype=np.int8), users.batch_id)
         return PackedReportBatch(pack_positions(offsets, positions, self.n_cells), self.n_cells, users.batch_id)
 
+    can_draw_counts = True
+
+    def draw_counts(self, users: UserBatch, rng: np.random.Generator) -> np.ndarray:
+        """The batch's bit sums drawn per cell (``_UnaryEncoding.draw_support``)
+        from the users' cells: O(3^k) draws where the reports take O(n 3^k q),
+        ~7,000 a user for SUE at k = 10, eps = 4."""
+        counts = self.new_counts()
+        counts[0] = users.n_users
+        counts[1:] = self.oracle.draw_support(state_index(self.states(users, rng)), rng)
+        return counts
+
     # -- collector --------------------------------------------------------
     @property
     def counts_size(self) -> int:
@@ -268,5 +279,6 @@ def ioh_factory(variant: str):
         return IOH(d, epsilon, variant, ioh_keys)
     make.__name__ = f"ioh_{variant}"
     make.options_type = IOHOptions
+    make.can_draw_counts = IOH.can_draw_counts
     return make
 

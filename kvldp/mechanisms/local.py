@@ -37,11 +37,15 @@ class LocalResult:
         return truth_from_counts(self.truth, d)
 
 
-def run_local(protocol: Protocol, dataset, seed: int, batch_size: int = DEFAULT_BATCH_SIZE) -> LocalResult:
+def run_local(protocol: Protocol, dataset, seed: int, batch_size: int = DEFAULT_BATCH_SIZE,
+              draw_counts: bool = False) -> LocalResult:
     """Run every round of ``protocol`` over ``dataset`` (anything with ``d``
     and ``batches(batch_size)``) in this process: the same users each round;
     batch ``b`` of round ``r`` uses ``batch_rng(seed, b, round=r)``; groups
-    come from ``Collection.from_seed(seed)``."""
+    come from ``Collection.from_seed(seed)``. ``draw_counts``: each batch's
+    counts are drawn without its reports (``Protocol.draw_round_counts``)."""
+    if draw_counts and not protocol.can_draw_counts:
+        raise ValueError(f"{protocol.name} cannot draw its counts without making reports")
     if dataset.d != protocol.d:
         raise ValueError(f"dataset has d={dataset.d} keys but the mechanism expects d={protocol.d}")
     state = protocol.initial_state(Collection.from_seed(seed))
@@ -58,7 +62,10 @@ def run_local(protocol: Protocol, dataset, seed: int, batch_size: int = DEFAULT_
                 truth += truth_counts(users, protocol.d)
             rng = batch_rng(seed, users.batch_id, round_index=r)
             mine = protocol.participants(r, users, state)
-            protocol.accumulate_round(r, counts, protocol.perturb_round(r, mine, rng, state))
+            if draw_counts:
+                counts += protocol.draw_round_counts(r, mine, rng, state)
+            else:
+                protocol.accumulate_round(r, counts, protocol.perturb_round(r, mine, rng, state))
         state = protocol.next_state(r, state, counts)
         all_counts.append(counts)
         states.append(state)

@@ -128,6 +128,16 @@ class _UnaryEncoding(_Oracle):
     def support(self, positions: np.ndarray) -> np.ndarray:
         return np.bincount(positions, minlength=self.d)
 
+    def draw_support(self, items: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """``support(perturb(items)[1])`` drawn from its distribution without
+        making a report (simulations only): every bit of every report is
+        independent, so item ``i``'s support is ``Binomial(N_i, p) +
+        Binomial(n - N_i, q)``, ``N_i`` the items equal to ``i``. O(d) draws
+        instead of O(n d q)."""
+        items = np.asarray(items, dtype=np.int64)
+        held = np.bincount(items, minlength=self.d)
+        return rng.binomial(held, self.p) + rng.binomial(len(items) - held, self.q)
+
 
 @dataclasses.dataclass(frozen=True)
 class SUE(_UnaryEncoding):

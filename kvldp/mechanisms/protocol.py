@@ -195,6 +195,19 @@ class Protocol(abc.ABC):
     def empty_reports(self, round_index: int, batch_id: int = 0) -> Reports:
         return self.round_report_type(round_index).empty(batch_id, **self.report_shape(round_index))
 
+    # -- simulation -----------------------------------------------------
+    # Whether ``draw_round_counts`` can stand in for the clients and the accumulation.
+    can_draw_counts: ClassVar[bool] = False
+
+    def draw_round_counts(self, round_index: int, users: UserBatch, rng: np.random.Generator,
+                          state: ProtocolState) -> np.ndarray:
+        """Round ``round_index``'s counts of ``users`` -- what
+        ``accumulate_round(r, new_round_counts(r), perturb_round(r, users, rng, state))``
+        returns -- drawn from that same distribution without making a report
+        (``kvldp simulate --draw-counts``). A simulation's shortcut only: no
+        client ever sends counts, and nothing that collects reports calls it."""
+        raise NotImplementedError(f"{self.name} cannot draw its counts without making reports")
+
     # -- collector ------------------------------------------------------
     @abc.abstractmethod
     def round_counts_size(self, round_index: int) -> int:
@@ -275,6 +288,15 @@ class Mechanism(Protocol):
 
     def perturb_round(self, round_index, users, rng, state=None) -> Reports:
         return self.perturb(users, rng)
+
+    def draw_counts(self, users: UserBatch, rng: np.random.Generator) -> np.ndarray:
+        """``accumulate(new_counts(), perturb(users, rng))`` in distribution,
+        without the reports (``Protocol.draw_round_counts``; only where
+        ``can_draw_counts``)."""
+        raise NotImplementedError(f"{self.name} cannot draw its counts without making reports")
+
+    def draw_round_counts(self, round_index, users, rng, state=None) -> np.ndarray:
+        return self.draw_counts(users, rng)
 
     # -- collector ------------------------------------------------------
     @property

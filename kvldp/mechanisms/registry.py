@@ -48,6 +48,12 @@ def factory(name: str):
         raise ValueError(f"unknown mechanism {name!r}; known: {', '.join(names())}") from None
 
 
+def can_draw_counts(name: str) -> bool:
+    """Whether the mechanism's simulations may draw its counts without
+    reports (``Protocol.draw_round_counts``)."""
+    return bool(getattr(factory(name), "can_draw_counts", False))
+
+
 def options_type(name: str) -> type[Options]:
     """The mechanism's typed options (``params.Options`` subclass)."""
     return factory(name).options_type

@@ -70,12 +70,14 @@ def records_of(state, protocol: Protocol, key_names, truth=None, method: str = R
 
 
 def simulate_graph(source, protocol: Protocol, seed: int, fanout: int | None = None, truth: bool = True,
-                   method: str = RAW, rating_range=None):
+                   method: str = RAW, rating_range=None, draw_counts: bool = False):
     """A whole protocol as one pipeline: a ``sources.UserSource`` -> ``{"records", "state"}``
     (every round; records post-processed by ``method``), and a single-round
-    protocol's ``"counts"`` (``RunProtocol``)."""
+    protocol's ``"counts"`` (``RunProtocol``; ``draw_counts``: drawn per
+    batch without reports)."""
     users = source.users
-    run = users | "Protocol" >> RunProtocol(protocol, seed, fanout, later_rounds=source.recipes)
+    run = users | "Protocol" >> RunProtocol(protocol, seed, fanout, later_rounds=source.recipes,
+                                            draw_counts=draw_counts)
     records = records_of(run["state"], protocol, source.key_names, truth_sum(users, protocol.d) if truth else None,
                          method, rating_range)
     return {"records": records, **run}

@@ -10,6 +10,7 @@ import time
 
 import apache_beam as beam
 
+from kvldp.mechanisms import registry
 from kvldp.mechanisms.postprocess import DEFAULT as DEFAULT_POSTPROCESS
 from kvldp.mechanisms.protocol import Collection
 from kvldp.mechanisms.randomness import noise_generator_name
@@ -38,7 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--fanout", type=int, default=None, help="CombineGlobally fanout")
     parser.add_argument("--query", action="append", default=[],
                         help='IOH: "target=KEY given KEY=1,KEY=0" (repeatable); prints estimate and truth')
+    parser.add_argument("--draw-counts", action="store_true",
+                        help="simulations only: draw each batch's collector counts from their exact distribution "
+                             "instead of making every user's report (the same distribution of estimates; no "
+                             f"report exists). Mechanisms: {', '.join(DRAWING)}")
     add_postprocess_arg(parser)
+
+
+DRAWING = [name for name in registry.names() if registry.can_draw_counts(name)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,11 +61,17 @@ class SimulateConfig:
     fanout: int | None = None            # CombineGlobally fanout
     queries: tuple[str, ...] = ()        # IOH queries answered after the run
     postprocess: str = DEFAULT_POSTPROCESS.name     # kvldp.mechanisms.postprocess
+    draw_counts: bool = False            # counts drawn per batch, no reports (Protocol.draw_round_counts)
+
+    def __post_init__(self):
+        if self.draw_counts and not registry.can_draw_counts(self.mechanism.name):
+            raise ValueError(f"--draw-counts: {self.mechanism.name} cannot draw its counts without making "
+                             f"reports (those that can: {', '.join(DRAWING)})")
 
     @classmethod
     def from_args(cls, args) -> SimulateConfig:
         return cls(DataConfig.from_args(args), MechanismConfig.from_args(args), args.output, args.rows,
-                   args.fanout, tuple(args.query), args.postprocess)
+                   args.fanout, tuple(args.query), args.postprocess, args.draw_counts)
 
 
 def execute(config: SimulateConfig, beam_args) -> dict:
@@ -84,15 +98,15 @@ def execute(config: SimulateConfig, beam_args) -> dict:
     summary_path, counts_path = output + ".protocol.json", output + ".counts.avro"
     d = len(key_names)
     mechanism = chosen.make(d, dataset, ioh_keys, padding=padding.l)
-    data = data.sized_for(mechanism, d)
+    data = data.sized_for(mechanism, d, config.draw_counts)
     # longitudinal: device secrets from the run seed, the collection id as every run without --collection-id
     mechanism = devices.perturbing_side(mechanism, seeds.perturb, Collection.from_seed(seeds.perturb).id)
     p = runner.make_pipeline(beam_args)
     source = sources.user_source(p, data, dataset, dictionary, devices.needs_stable_ids(mechanism))
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
     # users -> state after round 1 -> … -> final state -> records (+ summary)
-    run = simulate_graph(source, mechanism, seeds.perturb, config.fanout,
-                         method=config.postprocess, rating_range=data.rating_scale(dataset))
+    run = simulate_graph(source, mechanism, seeds.perturb, config.fanout, method=config.postprocess,
+                         rating_range=data.rating_scale(dataset), draw_counts=config.draw_counts)
     if mechanism.max_rounds > 1:     # what the rounds did: rounds run, budget spent, the ledger
         (run["state"] | "Summary" >> beam.Map(protocol_summary, mechanism)
          | "WriteSummary" >> beam.io.WriteToText(summary_path, num_shards=1, shard_name_template=""))
@@ -125,7 +139,8 @@ def run(config: SimulateConfig, beam_args) -> dict:
     out = execute(config, beam_args)
     mechanism, records, stats = out["mechanism"], out["records"], out["stats"]
     summary = report.mse_summary(records, config.mechanism.get("top") or 50)
-    print(f"{mechanism!r} on {out['dataset']}: {stats.get('users_perturbed', 0)} user reports "
+    made = "users, their counts drawn without reports" if config.draw_counts else "user reports"
+    print(f"{mechanism!r} on {out['dataset']}: {stats.get('users_perturbed', 0)} {made} "
           f"in {out['seconds']:.1f} s; noise from {out['noise']}")
     if mechanism.max_rounds > 1:
         info = out["protocol"]

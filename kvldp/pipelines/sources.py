@@ -196,7 +196,7 @@ class DataConfig:
         return RatingsFormat(self.input_format, self.user_col, self.item_col, self.rating_col, self.delimiter,
                              self.encoding, self.header, self.column_names)
 
-    def sized_for(self, protocol, d: int) -> DataConfig:
+    def sized_for(self, protocol, d: int, draw_counts: bool = False) -> DataConfig:
         """This config with a concrete ``batch_size``: the one given, else
         the largest whose perturbation fits ``memory_budget`` for this
         protocol's report width (``mechanisms.sizing``; the same for every
@@ -204,10 +204,13 @@ class DataConfig:
         files are batched by ``--shards``, a shard of more users than this
         in consecutive batches of at most this many (``split_shard``: a UE
         report at Book-Crossing's 340,556 items sets ~12,000 entries, and a
-        shard of 6,600 users took 7 GB to perturb)."""
+        shard of 6,600 users took 7 GB to perturb). A batch whose counts are
+        drawn (``simulate --draw-counts``) makes no report: it holds its
+        users and a few count arrays, and takes the default size."""
         if self.batch_size is not None:
             return self
-        return dataclasses.replace(self, batch_size=batch_size_for(protocol, d, self.memory_budget))
+        size = DEFAULT_BATCH_SIZE if draw_counts else batch_size_for(protocol, d, self.memory_budget)
+        return dataclasses.replace(self, batch_size=size)
 
     def rating_scale(self, dataset: Dataset | None) -> tuple[float, float] | None:
         """The ratings' own scale (for means printed and written on it): a

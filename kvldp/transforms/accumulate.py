@@ -43,6 +43,15 @@ class RoundCombineFn(beam.CombineFn):
 
 
 @beam.typehints.with_output_types(np.ndarray)
+class DrawnCountsCombineFn(RoundCombineFn):
+    """Round ``round_index``'s counts drawn per batch (``DrawCountsFn``) -> their sum."""
+
+    def add_input(self, counts, drawn):
+        counts += drawn
+        return counts
+
+
+@beam.typehints.with_output_types(np.ndarray)
 class ArraySumCombineFn(beam.CombineFn):
     """Element-wise sum of equally long NumPy arrays (truth statistics)."""
 

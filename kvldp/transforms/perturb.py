@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.pvalue import AsSingleton
 
 from kvldp.mechanisms.base import Reports, UserBatch
@@ -54,10 +55,32 @@ class PerturbFn(beam.DoFn):
             if self._gate is not None:       # the ledger: who may still spend this collection
                 users, decision = self._gate.admit(self._protocol, users)
                 self._sat_out.inc(decision.sat_out)
-            reports = self._protocol.perturb_round(self._round, users, rng, state)
+            out = self.client_step(users, rng, state)
         self._users.inc(users.n_users)
-        self._reports.inc(reports.n_reports)
-        yield reports
+        self._reports.inc(self.reports_in(out))
+        yield out
+
+    def client_step(self, users: UserBatch, rng, state: ProtocolState):
+        return self._protocol.perturb_round(self._round, users, rng, state)
+
+    @staticmethod
+    def reports_in(out) -> int:
+        return out.n_reports
+
+
+@beam.typehints.with_output_types(np.ndarray)
+class DrawCountsFn(PerturbFn):
+    """``kvldp simulate --draw-counts``: ``UserBatch`` -> the counts its
+    round's reports would add up to, drawn from their distribution
+    (``Protocol.draw_round_counts``) with the generator ``PerturbFn`` would
+    use. No report is made, so none is counted (``reports_emitted``)."""
+
+    def client_step(self, users: UserBatch, rng, state: ProtocolState):
+        return self._protocol.draw_round_counts(self._round, users, rng, state)
+
+    @staticmethod
+    def reports_in(out) -> int:
+        return 0
 
 
 def state_arg(state):

@@ -38,9 +38,9 @@ from apache_beam.pvalue import AsList, AsSingleton
 
 from kvldp.mechanisms.base import UserBatch
 from kvldp.mechanisms.protocol import Collection, Protocol, ProtocolState
-from kvldp.transforms.accumulate import RoundCombineFn
+from kvldp.transforms.accumulate import DrawnCountsCombineFn, RoundCombineFn
 from kvldp.transforms.global_combine import combine_without_defaults, inject_default
-from kvldp.transforms.perturb import PerturbFn
+from kvldp.transforms.perturb import DrawCountsFn, PerturbFn
 from kvldp.transforms.spread import Positioned, positioned, spread
 
 
@@ -100,7 +100,7 @@ class AdvanceFn(beam.DoFn):
 
 
 def calibrate_round(reports, protocol: Protocol, round_index: int, previous, fanout: int | None = None,
-                    split: bool = False):
+                    split: bool = False, drawn: bool = False):
     """The collector's half of round ``round_index``: ``reports`` combined
     into the round's counts (``fanout``: an intermediate combine level), then
     calibrated from ``previous`` -- a state (``None``: a fresh protocol's) or
@@ -111,8 +111,9 @@ def calibrate_round(reports, protocol: Protocol, round_index: int, previous, fan
     by ``CombineGlobally``'s defaults (``Create([None])``, then a Map that
     injects it: ``global_combine.py``): one step fewer, and a calibration
     whose main input is empty -- a round after the protocol stopped -- runs
-    not at all."""
-    combine_fn = RoundCombineFn(protocol, round_index)
+    not at all. ``drawn``: the elements are counts drawn per batch
+    (``DrawCountsFn``), not reports."""
+    combine_fn = (DrawnCountsCombineFn if drawn else RoundCombineFn)(protocol, round_index)
     combined = reports | "Accumulate" >> combine_without_defaults(combine_fn, fanout)
     if isinstance(previous, beam.PCollection):
         start, constant = previous, None
@@ -131,13 +132,15 @@ class GatedRound(beam.PTransform):
     ``previous``: round 1's initial state (a value), or the previous round's
     ``"going"`` (a PCollection of at most one state). ``recipes``: later
     rounds make their users from these batch recipes instead of reading
-    ``users``."""
+    ``users``. ``draw_counts``: each batch's counts are drawn directly
+    (``DrawCountsFn``; simulations only)."""
 
     def __init__(self, protocol: Protocol, round_index: int, seed: int, previous, fanout: int | None = None,
-                 recipes: UserRecipes | None = None, label: str | None = None):
+                 recipes: UserRecipes | None = None, label: str | None = None, draw_counts: bool = False):
         super().__init__(label)
         self._protocol, self._round, self._seed = protocol, round_index, seed
         self._previous, self._fanout, self._recipes = previous, fanout, recipes
+        self._draw = draw_counts
 
     def expand(self, users):
         first = not isinstance(self._previous, beam.PCollection)
@@ -149,9 +152,10 @@ class GatedRound(beam.PTransform):
             recipes = beam.FlatMap(positioned, AsList(self._recipes.specs)).with_output_types(Positioned)
             users = spread(self._previous | "Recipes" >> recipes)
         # the DoFn itself (not the Perturb composite), so the stage that reads the previous state is Round{r}/Perturb
-        fn = PerturbFn(self._protocol, self._seed, self._round, rebuild=rebuild)
+        fn = (DrawCountsFn if self._draw else PerturbFn)(self._protocol, self._seed, self._round, rebuild=rebuild)
         reports = users | "Perturb" >> beam.ParDo(fn, state)
-        out = calibrate_round(reports, self._protocol, self._round, self._previous, self._fanout, split=True)
+        out = calibrate_round(reports, self._protocol, self._round, self._previous, self._fanout, split=True,
+                              drawn=self._draw)
         return {"going": out.state, FINAL: out[FINAL], COUNTS: out[COUNTS]}
 
 
@@ -161,18 +165,23 @@ class RunProtocol(beam.PTransform):
     counts (a multi-round protocol's counts are per round: ``"state"`` is
     what it ends with); the users' groups come from ``Collection.from_seed(seed)``.
     ``later_rounds``: the same users as recipes, which rounds after the
-    first read instead."""
+    first read instead. ``draw_counts``: draw each batch's counts instead of
+    making its reports (``Protocol.draw_round_counts``; simulations only)."""
 
     def __init__(self, protocol: Protocol, seed: int, fanout: int | None = None,
-                 later_rounds: UserRecipes | None = None, label: str | None = None):
+                 later_rounds: UserRecipes | None = None, label: str | None = None, draw_counts: bool = False):
         super().__init__(label)
+        if draw_counts and not protocol.can_draw_counts:
+            raise ValueError(f"{protocol.name} cannot draw its counts without making reports")
         self._protocol, self._seed, self._fanout, self._later = protocol, seed, fanout, later_rounds
+        self._draw = draw_counts
 
     def expand(self, users):
         protocol = self._protocol
         going, finals = protocol.initial_state(Collection.from_seed(self._seed)), []
         for r in range(protocol.max_rounds):
-            out = users | f"Round{r + 1}" >> GatedRound(protocol, r, self._seed, going, self._fanout, self._later)
+            out = users | f"Round{r + 1}" >> GatedRound(protocol, r, self._seed, going, self._fanout, self._later,
+                                                        draw_counts=self._draw)
             going = out["going"]
             finals.append(out[FINAL])
         if protocol.max_rounds == 1:
