@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from ioh_helpers import ue_params
-from kvldp.mechanisms.base import ReportBatch
+from kvldp.mechanisms.base import ReportBatch, UserBatch
+from kvldp.mechanisms.cells import state_index
 from kvldp.mechanisms.ioh import IOH, MAX_IOH_KEYS, PackedReportBatch, bit_sums, pack_positions, packed_width
 from kvldp.mechanisms.registry import make
 
@@ -39,6 +40,30 @@ def test_pack_positions_and_bit_sums_round_trip(n_cells):
     for chunk in (3, 8192):
         np.testing.assert_array_equal(bit_sums(packed, n_cells, chunk_rows=chunk),
                                       np.bincount(positions, minlength=n_cells))
+
+
+def test_bit_sums_count_past_a_blocks_uint16_sums():
+    """A block's column sums are taken in uint16: more rows than 65,535 with
+    every bit set must still count every row (the blocks are cut there)."""
+    rows = 70_001
+    bits = np.full((rows, 1), 0xFF, dtype=np.uint8)
+    np.testing.assert_array_equal(bit_sums(bits, 8), np.full(8, rows))
+    np.testing.assert_array_equal(bit_sums(bits, 5, chunk_rows=100_000), np.full(5, rows))
+
+
+@pytest.mark.parametrize("variant", ["oue", "sue"])
+def test_packed_reports_equal_the_packed_sparse_reports(variant):
+    """The packed form sets the kept cells' bits after packing the other set
+    bits: the same bits as packing the oracle's sorted positions, from the
+    same draws."""
+    mech = IOH(4, 1.0, variant, ioh_keys=[0, 1, 3])
+    assert not mech.sparse
+    users = UserBatch.single_pair(np.arange(600) % 4, np.linspace(-1, 1, 600))
+    reports = mech.perturb(users, np.random.default_rng(5))
+    rng = np.random.default_rng(5)
+    cells = state_index(mech.states(users, rng))
+    offsets, positions = mech.oracle.perturb(cells, rng)
+    np.testing.assert_array_equal(reports.bits, pack_positions(offsets, positions, 27))
 
 
 @pytest.mark.parametrize("variant", ["oue", "sue"])

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from kvldp.mechanisms import oracles
 from kvldp.mechanisms.oracles import _HASH_PRIME, GRR, OLH, OUE, SUE
 from kvldp.mechanisms.randomness import batch_rng
 from tolerances import Z, binomial_sigma, binomial_z
@@ -191,6 +192,26 @@ def test_variance_formula_reduces_to_wang_et_al():
 
 # Regression: q = 1/(e^50+1) ~ 2e-22 once made bernoulli_positions' Geometric
 # gaps overflow int64 and perturb index out of bounds.
+@pytest.mark.parametrize("chunk", [1, 5, 1 << 20])
+def test_skip_items_maps_slots_to_the_positions_around_each_item(monkeypatch, chunk):
+    """Slot ``j`` of user ``i`` is position ``j + (j >= item_i)``: the running
+    sum (whatever its chunking) equals that divmod formula, and ``at`` is
+    where each item sorts among its user's positions."""
+    monkeypatch.setattr(oracles, "_CHUNK", chunk)
+    rng = np.random.default_rng(chunk)
+    for n, width in [(0, 4), (1, 1), (9, 1), (40, 6), (300, 17)]:
+        items = rng.integers(0, width + 1, n)
+        slots = np.flatnonzero(rng.random(n * width) < rng.uniform(0, 1))
+        owner, j = np.divmod(slots, width)
+        want = j + (j >= items[owner])
+        starts, at = oracles.skip_items(slots, items, width)
+        np.testing.assert_array_equal(slots, want)
+        np.testing.assert_array_equal(np.diff(starts), np.bincount(owner, minlength=n))
+        for i in range(n):
+            mine = slots[starts[i]:starts[i + 1]]
+            assert at[i] - starts[i] == np.searchsorted(mine, items[i])
+
+
 def test_unary_encoding_handles_very_large_epsilon():
     d, n = 10, 2000
     o = OUE(d, 50.0)

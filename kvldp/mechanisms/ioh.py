@@ -98,24 +98,33 @@ def pack_positions(offsets: np.ndarray, positions: np.ndarray, n_cells: int,
     of at most ``chunk_rows`` rows (``np.packbits`` is ~10x faster than
     scattering bit weights); by default as many rows as fit ``BLOCK_CELLS``
     (4,096 rows were 242 MB of block at k = 10, a fifth of IOH-SUE's batch)."""
-    n = len(offsets) - 1
+    n, width = len(offsets) - 1, packed_width(n_cells) * 8
     out = np.empty((n, packed_width(n_cells)), dtype=np.uint8)
-    chunk_rows = chunk_rows or max(1, BLOCK_CELLS // (packed_width(n_cells) * 8))
+    chunk_rows = chunk_rows or max(1, BLOCK_CELLS // width)
     for s in range(0, n, chunk_rows):
         e = min(n, s + chunk_rows)
-        block = np.zeros((e - s, packed_width(n_cells) * 8), dtype=bool)
-        block[owners_of(offsets[s:e + 1] - offsets[s]), positions[offsets[s]:offsets[e]]] = True
+        block = np.zeros((e - s, width), dtype=bool)
+        # flat indices: a 1-D scatter is 1.4x faster than numpy's 2-D one
+        flat = owners_of(offsets[s:e + 1] - offsets[s])
+        flat *= width
+        flat += positions[offsets[s]:offsets[e]]
+        block.reshape(-1)[flat] = True
         out[s:e] = np.packbits(block, axis=1)
     return out
 
 
+SUM_ROWS = np.iinfo(np.uint16).max        # rows a block's column sums can count in uint16
+
+
 def bit_sums(bits: np.ndarray, n_cells: int, chunk_rows: int | None = None) -> np.ndarray:
     """Column sums of packed rows, unpacking at most ``chunk_rows`` at a
-    time (by default as many as fit ``BLOCK_CELLS``)."""
+    time (by default as many as fit ``BLOCK_CELLS``, and at most
+    ``SUM_ROWS``: a block's sums are taken in uint16, 3x faster than in
+    int64, and added up in int64)."""
     out = np.zeros(packed_width(n_cells) * 8, dtype=np.int64)
-    chunk_rows = chunk_rows or max(1, BLOCK_CELLS // (packed_width(n_cells) * 8))
+    chunk_rows = min(chunk_rows or max(1, BLOCK_CELLS // (packed_width(n_cells) * 8)), SUM_ROWS)
     for s in range(0, bits.shape[0], chunk_rows):
-        out += np.unpackbits(bits[s:s + chunk_rows], axis=1).sum(axis=0, dtype=np.int64)
+        out += np.unpackbits(bits[s:s + chunk_rows], axis=1).sum(axis=0, dtype=np.uint16)
     return out[:n_cells]
 
 
@@ -192,10 +201,16 @@ class IOH(Mechanism):
 
     def perturb(self, users: UserBatch, rng: np.random.Generator) -> Reports:
         cells = state_index(self.states(users, rng))
-        offsets, positions = self.oracle.perturb(cells, rng)
         if self.sparse:     # symbols carry nothing here: a set position is a 1
+            offsets, positions = self.oracle.perturb(cells, rng)
             return ReportBatch(offsets, positions, np.ones(len(positions), dtype=np.int8), users.batch_id)
-        return PackedReportBatch(pack_positions(offsets, positions, self.n_cells), self.n_cells, users.batch_id)
+        # packed: the kept cells' bits are set after packing instead of inserted
+        # among the ~7,000 set positions a user (SUE, k = 10): one array of them fewer
+        starts, _, zeros_set, keep = self.oracle.draw(cells, rng)
+        bits = pack_positions(starts, zeros_set, self.n_cells)
+        kept = cells[keep]
+        bits[np.flatnonzero(keep), kept >> 3] |= (0x80 >> (kept & 7)).astype(np.uint8)
+        return PackedReportBatch(bits, self.n_cells, users.batch_id)
 
     can_draw_counts = True
 

@@ -94,7 +94,45 @@ class GRR(_Oracle):
         return np.bincount(reports, minlength=self.d)
 
 
-_CHUNK = 1 << 20      # positions per step of a loop that would otherwise make temporaries of them all
+_CHUNK = 1 << 20      # slots per step of a loop that would otherwise make temporaries of them all
+
+
+def skip_items(slots: np.ndarray, items: np.ndarray, width: int):
+    """Sparse unary encoding's layout, in place: ``slots`` are the sorted
+    indices of set slots of ``n = len(items)`` users, ``width`` slots each,
+    where slot ``j`` of user ``i`` is position ``j + (j >= items[i])`` of
+    its report (every position but its own item's); they become those
+    positions. Returns ``(starts, at)``: the index of each user's first slot
+    (``n + 1`` of them: CSR offsets of the slots) and of its first slot past
+    its item, where the item goes to keep the report sorted.
+
+    The shift is a running sum of steps at those ``2n`` boundaries, added a
+    chunk at a time: an int64 ``divmod`` of every slot made the unary
+    encoding 2.4x slower than its random draws (IOH-SUE, 3^10 cells: ~20M
+    slots a batch), and a step array of them all is one more 160 MB array
+    that the kernel maps and zero-fills afresh for every batch (above glibc's
+    32 MiB mmap threshold: ``pipelines/allocator.py``)."""
+    n = len(items)
+    starts = np.searchsorted(slots, np.arange(n + 1, dtype=np.int64) * width)
+    at = np.searchsorted(slots, np.arange(n, dtype=np.int64) * width + items)
+    # at each next user's first slot: back by ``width`` and its item not passed yet; past a user's item: +1
+    where = np.concatenate([starts[1:n], at])
+    delta = np.concatenate([np.full(max(n - 1, 0), -width - 1, dtype=np.int64), np.ones(n, dtype=np.int64)])
+    order = np.argsort(where, kind="stable")
+    where, delta = where[order], delta[order]
+    step = np.empty(min(len(slots), _CHUNK), dtype=np.int64)
+    carry = 0
+    for s in range(0, len(slots), _CHUNK):
+        e = min(len(slots), s + _CHUNK)
+        lo, hi = np.searchsorted(where, [s, e])
+        chunk = step[:e - s]
+        chunk[:] = 0
+        np.add.at(chunk, where[lo:hi] - s, delta[lo:hi])
+        np.cumsum(chunk, out=chunk)
+        chunk += carry
+        slots[s:e] += chunk
+        carry = int(chunk[-1])
+    return starts, at
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,25 +143,22 @@ class _UnaryEncoding(_Oracle):
 
     def perturb(self, items: np.ndarray, rng: np.random.Generator):
         items = np.asarray(items, dtype=np.int64)
+        starts, at, zeros_set, keep = self.draw(items, rng)
+        positions = np.insert(zeros_set, at[keep], items[keep])
+        return np.concatenate([[0], np.cumsum(np.diff(starts) + keep)]), positions
+
+    def draw(self, items: np.ndarray, rng: np.random.Generator):
+        """``perturb``'s draws, before the kept items join the reports:
+        ``(starts, at, zeros_set, keep)`` -- the set zero-bits' positions
+        (CSR by ``starts``; ``at``: where each user's item goes among them,
+        ``skip_items``) and whether each item's own bit stays set. Zero-bits:
+        ``n (d-1)`` slots, each set w.p. ``q`` (every position but the item's)."""
+        items = np.asarray(items, dtype=np.int64)
         n = len(items)
-        # zero-bits: n*(d-1) slots, each set w.p. q; slot j of user i is item
-        # j + (j >= item_i), so positions stay sorted within a user.
-        # In place, two arrays of the positions at a time: at q ~ 0.1 and 3^10
-        # cells a batch draws ~20M of them, and each int64 array is 160 MB
-        # (five at once were 0.79 GB of IOH-SUE's batch).
-        pos = bernoulli_positions(n * (self.d - 1), self.q, rng)
-        owner = np.empty_like(pos)
-        np.divmod(pos, self.d - 1, out=(owner, pos))
-        for s in range(0, len(pos), _CHUNK):
-            pos[s:s + _CHUNK] += pos[s:s + _CHUNK] >= items[owner[s:s + _CHUNK]]
+        zeros_set = bernoulli_positions(n * (self.d - 1), self.q, rng)
         keep = rng.random(n) < self.p
-        sizes = np.bincount(owner, minlength=n) + keep
-        owner *= self.d                 # owner * d + position: sorted, where each kept item goes
-        owner += pos
-        at = np.searchsorted(owner, (np.arange(n) * self.d + items)[keep])
-        del owner
-        positions = np.insert(pos, at, items[keep])
-        return np.concatenate([[0], np.cumsum(sizes)]), positions
+        starts, at = skip_items(zeros_set, items, self.d - 1)
+        return starts, at, zeros_set, keep
 
     def support(self, positions: np.ndarray) -> np.ndarray:
         return np.bincount(positions, minlength=self.d)

@@ -42,7 +42,7 @@ import numpy as np
 
 from .base import Estimates, ReportBatch, UserBatch, with_statuses
 from .countmodel import CountModel
-from .oracles import randomized_response
+from .oracles import randomized_response, skip_items
 from .params import Options, option, padding_option
 from .protocol import Mechanism
 from .randomness import bernoulli_positions
@@ -264,23 +264,18 @@ class PCKVUE(_PCKV):
         P = self.params
         dp, n = P.d_prime, users.n_users
         keys, x = padding_and_sampling(users, self.d, self.l, rng)
-        # The other d'-1 positions: slot j of user i is position j + (j >= k_i),
-        # so flat indices come out sorted by (user, position).
+        # The other d'-1 positions (every one but the sampled key's), sorted within a user.
         slots = bernoulli_positions(n * (dp - 1), P.b, rng)
-        owner = slots // (dp - 1)
-        j = slots % (dp - 1)
-        flat = owner * dp + j + (j >= keys[owner])
-        signs = np.where(rng.random(len(flat)) < 0.5, 1, -1).astype(np.int8)
+        signs = np.where(rng.random(len(slots)) < 0.5, 1, -1).astype(np.int8)
         # The sampled position: x w.p. a p, -x w.p. a (1-p), 0 w.p. 1-a.
         u = rng.random(n)
         nonzero = u < P.a
         own_sign = np.where(u < P.a * P.p, x, -x).astype(np.int8)[nonzero]
-        own = (np.arange(n) * dp + keys)[nonzero]
-        at = np.searchsorted(flat, own)
-        flat = np.insert(flat, at, own)
-        signs = np.insert(signs, at, own_sign)
-        offsets = np.concatenate([[0], np.cumsum(np.bincount(flat // dp, minlength=n))])
-        return ReportBatch(offsets, flat % dp, signs, users.batch_id)
+        starts, at = skip_items(slots, keys, dp - 1)
+        positions = np.insert(slots, at[nonzero], keys[nonzero])
+        signs = np.insert(signs, at[nonzero], own_sign)
+        offsets = np.concatenate([[0], np.cumsum(np.diff(starts) + nonzero)])
+        return ReportBatch(offsets, positions, signs, users.batch_id)
 
     can_draw_counts = True
 
