@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from ioh_helpers import ue_params
+from kvldp.mechanisms import randomness
 from kvldp.mechanisms.base import ReportBatch, UserBatch
 from kvldp.mechanisms.cells import state_index
 from kvldp.mechanisms.ioh import IOH, MAX_IOH_KEYS, PackedReportBatch, bit_sums, pack_positions, packed_width
@@ -52,10 +53,12 @@ def test_bit_sums_count_past_a_blocks_uint16_sums():
 
 
 @pytest.mark.parametrize("variant", ["oue", "sue"])
-def test_packed_reports_equal_the_packed_sparse_reports(variant):
-    """The packed form sets the kept cells' bits after packing the other set
-    bits: the same bits as packing the oracle's sorted positions, from the
-    same draws."""
+@pytest.mark.parametrize("run", [3, 50, 1 << 20])
+def test_packed_reports_equal_the_packed_sparse_reports(monkeypatch, variant, run):
+    """The packed form is packed a run of set bits at a time (rows shared by
+    two runs ORed), the kept cells' bits set last: the same bits as packing
+    the oracle's sorted positions, from the same draws."""
+    monkeypatch.setattr(randomness, "GAP_STEP", run)
     mech = IOH(4, 1.0, variant, ioh_keys=[0, 1, 3])
     assert not mech.sparse
     users = UserBatch.single_pair(np.arange(600) % 4, np.linspace(-1, 1, 600))

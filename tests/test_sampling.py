@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 
+from kvldp.mechanisms import randomness
 from kvldp.mechanisms.base import UserBatch, one_entry_each
 from kvldp.mechanisms.randomness import STREAM_DATA, STREAM_PERTURB, batch_rng, bernoulli_positions, fresh_seed
 from kvldp.mechanisms.sampling import canonical_pairs, discretise, padding_and_sampling, uniform_key_sampling
@@ -185,6 +186,29 @@ def test_bernoulli_positions_edge_cases():
     assert len(bernoulli_positions(-3, 0.5, rng)) == 0
     assert len(bernoulli_positions(100, 0.0, rng)) == 0
     np.testing.assert_array_equal(bernoulli_positions(7, 1.0, rng), np.arange(7))
+
+
+@pytest.mark.parametrize("p", [1e-13, 0.004, 0.1192, 0.3333, 1 / 3, 0.6])
+def test_bernoulli_runs_are_numpys_geometric_gaps_in_pieces(p):
+    """``bernoulli_runs`` (any run length) joins to the positions of NumPy's
+    own ``Generator.geometric`` gaps summed, cut at ``total``; and leaves the
+    generator where those draws leave it (what a caller draws next, e.g.
+    the unary encodings' kept bits, is the same)."""
+    total = 50_000
+    rng = batch_rng(8, 3)
+    expected, chunk, last = [], int(total * p + 6 * math.sqrt(total * p * (1 - p)) + 16), -1
+    while last < total - 1:
+        pos = np.cumsum(rng.geometric(p, size=chunk).astype(np.int64)) + last   # no gap overflows here
+        expected.append(pos[pos < total])
+        last, chunk = int(pos[-1]), max(16, chunk // 4)
+    expected, after = np.concatenate(expected), rng.random(4)
+    for step in (1, 7, 1000, None):
+        rng = batch_rng(8, 3)
+        runs = list(randomness.bernoulli_runs(total, p, rng, step))
+        assert all(len(r) <= (step or total) for r in runs)
+        np.testing.assert_array_equal(np.concatenate(runs) if runs else [], expected)
+        np.testing.assert_array_equal(rng.random(4), after)
+    np.testing.assert_array_equal(bernoulli_positions(total, p, batch_rng(8, 3)), expected)
 
 
 # Regression: for prob below ~1e-18 Geometric(prob) gaps exceed int64 and

@@ -143,22 +143,13 @@ class _UnaryEncoding(_Oracle):
 
     def perturb(self, items: np.ndarray, rng: np.random.Generator):
         items = np.asarray(items, dtype=np.int64)
-        starts, at, zeros_set, keep = self.draw(items, rng)
-        positions = np.insert(zeros_set, at[keep], items[keep])
-        return np.concatenate([[0], np.cumsum(np.diff(starts) + keep)]), positions
-
-    def draw(self, items: np.ndarray, rng: np.random.Generator):
-        """``perturb``'s draws, before the kept items join the reports:
-        ``(starts, at, zeros_set, keep)`` -- the set zero-bits' positions
-        (CSR by ``starts``; ``at``: where each user's item goes among them,
-        ``skip_items``) and whether each item's own bit stays set. Zero-bits:
-        ``n (d-1)`` slots, each set w.p. ``q`` (every position but the item's)."""
-        items = np.asarray(items, dtype=np.int64)
         n = len(items)
+        # zero-bits: n (d-1) slots, each set w.p. q (every position but the item's)
         zeros_set = bernoulli_positions(n * (self.d - 1), self.q, rng)
         keep = rng.random(n) < self.p
         starts, at = skip_items(zeros_set, items, self.d - 1)
-        return starts, at, zeros_set, keep
+        positions = np.insert(zeros_set, at[keep], items[keep])
+        return np.concatenate([[0], np.cumsum(np.diff(starts) + keep)]), positions
 
     def support(self, positions: np.ndarray) -> np.ndarray:
         return np.bincount(positions, minlength=self.d)

@@ -36,6 +36,7 @@ import hashlib
 import math
 import secrets
 import struct
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -120,7 +121,7 @@ def collection_generator(rng: np.random.Generator, collection: str) -> np.random
     return np.random.Generator(bits)
 
 
-GAP_STEP = 1 << 20      # gaps drawn per step into one reused buffer of doubles
+GAP_STEP = 1 << 20      # gaps drawn per step: a run of successes is at most this long
 INVERSION_BELOW = 1 / 3  # NumPy's geometric inverts an exponential below this p, searches at and above it
 
 
@@ -129,31 +130,48 @@ def bernoulli_positions(total: int, prob: float, rng: np.random.Generator) -> np
 
     Exact, in O(total * prob) work: the gaps between successes are
     Geometric(prob), so we draw gaps and take their cumulative sum instead
-    of one uniform per slot.
+    of one uniform per slot (``bernoulli_runs``, joined).
     """
-    if total <= 0 or prob <= 0.0:
-        return np.zeros(0, dtype=np.int64)
     if prob >= 1.0:
-        return np.arange(total, dtype=np.int64)
+        return np.arange(max(total, 0), dtype=np.int64)
+    runs = list(bernoulli_runs(total, prob, rng))
+    if len(runs) == 1:
+        return runs[0]
+    return np.concatenate(runs) if runs else np.zeros(0, dtype=np.int64)
+
+
+def bernoulli_runs(total: int, prob: float, rng: np.random.Generator, step: int | None = None) -> Iterator[np.ndarray]:
+    """``bernoulli_positions(total, prob, rng)`` in consecutive sorted runs of
+    at most ``step`` (default ``GAP_STEP``; some empty), from the same draws in the same order --
+    all of them, the gaps past ``total`` too, so ``rng`` ends in the same
+    state: a caller may consume the successes a run at a time without
+    holding them all (IOH-SUE at 3^10 cells: ~20M a batch, 160 MB, which the
+    kernel maps and zero-fills afresh for every batch).
+
+    The gaps come in chunks sized for the expected count plus 6 s.d., then
+    a quarter of that, and so on, until one passes the end."""
+    if total <= 0 or prob <= 0.0:
+        return
+    if prob >= 1.0:
+        raise ValueError("bernoulli_runs needs prob < 1 (bernoulli_positions takes every index)")
     expected = total * prob
     chunk = int(expected + 6.0 * np.sqrt(expected * (1.0 - prob)) + 16)
-    pieces = []
     last = -1
     while last < total - 1:
-        gaps = geometric_gaps(chunk, prob, total, rng)
-        pos = np.cumsum(gaps, out=gaps)
-        pos += last
-        pieces.append(pos)
-        last = int(pos[-1])
+        for gaps in geometric_gaps(chunk, prob, total, rng, step):
+            pos = np.cumsum(gaps, out=gaps)
+            pos += last
+            last = int(pos[-1])
+            yield pos[:np.searchsorted(pos, total)]      # sorted: cut, do not mask
         chunk = max(16, chunk // 4)
-    out = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-    return out[:np.searchsorted(out, total)]      # sorted: cut, do not mask
 
 
-def geometric_gaps(size: int, prob: float, total: int, rng: np.random.Generator) -> np.ndarray:
-    """``rng.geometric(prob, size)`` with every gap past ``total`` set to
-    ``total + 1`` ("no more successes": a tiny ``prob``'s gaps would overflow
-    int64, and their sum too).
+def geometric_gaps(size: int, prob: float, total: int, rng: np.random.Generator,
+                   step: int | None = None) -> Iterator[np.ndarray]:
+    """``rng.geometric(prob, size)``, ``step`` gaps at a time (the same
+    draws: NumPy draws them one after another), every gap past ``total``
+    set to ``total + 1`` ("no more successes": a tiny ``prob``'s gaps would
+    overflow int64, and their sum too).
 
     Below ``INVERSION_BELOW`` NumPy draws a gap as ``ceil(E / -ln(1 - prob))``,
     ``E`` from its ziggurat exponential, one element at a time (~10 ns a gap
@@ -161,17 +179,17 @@ def geometric_gaps(size: int, prob: float, total: int, rng: np.random.Generator)
     into a buffer and divided and rounded as arrays (~6 ns): the same gaps,
     where they are most of a dense unary encoding's time (IOH-SUE at 3^10
     cells and eps = 4: ~7,000 a user)."""
-    if prob >= INVERSION_BELOW:
-        gaps = rng.geometric(prob, size=size)
-        return np.minimum(gaps, total + 1, out=gaps)
+    step = step or GAP_STEP
     rate = -math.log1p(-prob)
-    gaps = np.empty(size, dtype=np.int64)
-    buffer = np.empty(min(size, GAP_STEP))
-    for s in range(0, size, GAP_STEP):
-        draw = buffer[:min(GAP_STEP, size - s)]
-        rng.standard_exponential(out=draw)
-        draw /= rate
-        np.minimum(draw, total + 1, out=draw)
-        np.ceil(draw, out=draw)
-        gaps[s:s + len(draw)] = draw
-    return gaps
+    buffer = np.empty(min(size, step))
+    for s in range(0, size, step):
+        m = min(step, size - s)
+        if prob >= INVERSION_BELOW:
+            gaps = rng.geometric(prob, size=m)
+        else:
+            draw = buffer[:m]
+            rng.standard_exponential(out=draw)
+            draw /= rate
+            np.minimum(draw, total + 1, out=draw)
+            gaps = np.ceil(draw, out=draw).astype(np.int64)
+        yield np.minimum(gaps, total + 1, out=gaps)
