@@ -192,12 +192,13 @@ def test_variance_formula_reduces_to_wang_et_al():
 
 # Regression: q = 1/(e^50+1) ~ 2e-22 once made bernoulli_positions' Geometric
 # gaps overflow int64 and perturb index out of bounds.
-@pytest.mark.parametrize("chunk", [1, 5, 1 << 20])
-def test_skip_items_maps_slots_to_the_positions_around_each_item(monkeypatch, chunk):
+@pytest.mark.parametrize("chunk, divmod_below", [(1, 0), (5, 0), (1 << 20, 0), (1 << 20, 16), (1 << 20, math.inf)])
+def test_skip_items_maps_slots_to_the_positions_around_each_item(monkeypatch, chunk, divmod_below):
     """Slot ``j`` of user ``i`` is position ``j + (j >= item_i)``: the running
-    sum (whatever its chunking) equals that divmod formula, and ``at`` is
-    where each item sorts among its user's positions."""
+    sum (whatever its chunking) and the divmod path equal that formula, and
+    ``at`` is where each item sorts among its user's positions."""
     monkeypatch.setattr(oracles, "_CHUNK", chunk)
+    monkeypatch.setattr(oracles, "DIVMOD_BELOW", divmod_below)
     rng = np.random.default_rng(chunk)
     for n, width in [(0, 4), (1, 1), (9, 1), (40, 6), (300, 17)]:
         items = rng.integers(0, width + 1, n)

@@ -142,9 +142,9 @@ def bernoulli_positions(total: int, prob: float, rng: np.random.Generator) -> np
 
 def bernoulli_runs(total: int, prob: float, rng: np.random.Generator, step: int | None = None) -> Iterator[np.ndarray]:
     """``bernoulli_positions(total, prob, rng)`` in consecutive sorted runs of
-    at most ``step`` (default ``GAP_STEP``; some empty), from the same draws in the same order --
-    all of them, the gaps past ``total`` too, so ``rng`` ends in the same
-    state: a caller may consume the successes a run at a time without
+    at most ``step`` (default ``GAP_STEP``; some empty), from the same draws
+    in the same order -- all of them, the gaps past ``total`` too, so ``rng``
+    ends in the same state: a caller may consume the successes a run at a time without
     holding them all (IOH-SUE at 3^10 cells: ~20M a batch, 160 MB, which the
     kernel maps and zero-fills afresh for every batch).
 
@@ -186,10 +186,10 @@ def geometric_gaps(size: int, prob: float, total: int, rng: np.random.Generator,
         m = min(step, size - s)
         if prob >= INVERSION_BELOW:
             gaps = rng.geometric(prob, size=m)
+            yield np.minimum(gaps, total + 1, out=gaps)
         else:
             draw = buffer[:m]
             rng.standard_exponential(out=draw)
             draw /= rate
             np.minimum(draw, total + 1, out=draw)
-            gaps = np.ceil(draw, out=draw).astype(np.int64)
-        yield np.minimum(gaps, total + 1, out=gaps)
+            yield np.ceil(draw, out=draw).astype(np.int64)
