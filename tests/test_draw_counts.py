@@ -27,6 +27,7 @@ from kvldp.mechanisms.local import run_local
 from kvldp.pipelines import cli
 from kvldp.pipelines.query import load_counts
 from kvldp.pipelines.report import read_estimates
+from kvldp.transforms.rounds import RunProtocol
 
 DRAWS = 4000
 MIN_EXPECTED = 5.0        # chi-square bins below this many expected draws are pooled
@@ -129,6 +130,8 @@ def test_mechanisms_without_a_draw_refuse_it(capsys):
         registry.make("pckv-grr", 4, 1.0).draw_counts(batch(USERS), np.random.default_rng(0))
     with pytest.raises(ValueError, match="cannot draw its counts"):
         run_local(registry.make("kvue", 4, 1.0), SyntheticDataset("uu", 100, 4, seed=1), seed=1, draw_counts=True)
+    with pytest.raises(ValueError, match="cannot draw its counts"):
+        RunProtocol(registry.make("privkvm", 4, 1.0), seed=1, draw_counts=True)
     code = cli.main(["simulate", "--mechanism", "pckv-grr", "--epsilon", "1", "--users", "100", "--keys", "4",
                      "--draw-counts"])
     err = capsys.readouterr().err

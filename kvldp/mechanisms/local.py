@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 
 from .base import DEFAULT_BATCH_SIZE, Estimates
-from .protocol import Collection, Protocol, ProtocolState
+from .protocol import Collection, Protocol, ProtocolState, check_count_draw
 from .randomness import batch_rng
 from .truth import truth_counts, truth_from_counts
 
@@ -44,8 +44,8 @@ def run_local(protocol: Protocol, dataset, seed: int, batch_size: int = DEFAULT_
     batch ``b`` of round ``r`` uses ``batch_rng(seed, b, round=r)``; groups
     come from ``Collection.from_seed(seed)``. ``draw_counts``: each batch's
     counts are drawn without its reports (``Protocol.draw_round_counts``)."""
-    if draw_counts and not protocol.can_draw_counts:
-        raise ValueError(f"{protocol.name} cannot draw its counts without making reports")
+    if draw_counts:
+        check_count_draw(protocol)
     if dataset.d != protocol.d:
         raise ValueError(f"dataset has d={dataset.d} keys but the mechanism expects d={protocol.d}")
     state = protocol.initial_state(Collection.from_seed(seed))

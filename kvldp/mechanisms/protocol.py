@@ -206,7 +206,7 @@ class Protocol(abc.ABC):
         returns -- drawn from that same distribution without making a report
         (``kvldp simulate --draw-counts``). A simulation's shortcut only: no
         client ever sends counts, and nothing that collects reports calls it."""
-        raise NotImplementedError(f"{self.name} cannot draw its counts without making reports")
+        raise NotImplementedError(no_count_draw(self.name))
 
     # -- collector ------------------------------------------------------
     @abc.abstractmethod
@@ -293,7 +293,7 @@ class Mechanism(Protocol):
         """``accumulate(new_counts(), perturb(users, rng))`` in distribution,
         without the reports (``Protocol.draw_round_counts``; only where
         ``can_draw_counts``)."""
-        raise NotImplementedError(f"{self.name} cannot draw its counts without making reports")
+        raise NotImplementedError(no_count_draw(self.name))
 
     def draw_round_counts(self, round_index, users, rng, state=None) -> np.ndarray:
         return self.draw_counts(users, rng)
@@ -337,6 +337,16 @@ class Mechanism(Protocol):
     def report_domain(self) -> int:
         """Number of distinct positions a report may carry."""
         return self.d
+
+
+def no_count_draw(name: str) -> str:
+    return f"{name} cannot draw its counts without making reports"
+
+
+def check_count_draw(protocol: Protocol) -> None:
+    """Refuse to draw counts for a protocol that has no such draw (``can_draw_counts``)."""
+    if not protocol.can_draw_counts:
+        raise ValueError(no_count_draw(protocol.name))
 
 
 def assign_groups(key: int, batch_id: int, n_users: int, shares) -> np.ndarray:

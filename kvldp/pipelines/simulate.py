@@ -12,7 +12,7 @@ import apache_beam as beam
 
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.postprocess import DEFAULT as DEFAULT_POSTPROCESS
-from kvldp.mechanisms.protocol import Collection
+from kvldp.mechanisms.protocol import Collection, no_count_draw
 from kvldp.mechanisms.randomness import noise_generator_name
 from kvldp.pipelines import devices, mechanism_args, report, runner, sources
 from kvldp.pipelines.graphs import ioh_counts_file, protocol_summary, simulate_graph
@@ -65,8 +65,8 @@ class SimulateConfig:
 
     def __post_init__(self):
         if self.draw_counts and not registry.can_draw_counts(self.mechanism.name):
-            raise ValueError(f"--draw-counts: {self.mechanism.name} cannot draw its counts without making "
-                             f"reports (those that can: {', '.join(DRAWING)})")
+            raise ValueError(f"--draw-counts: {no_count_draw(self.mechanism.name)} (those that can: "
+                             f"{', '.join(DRAWING)})")
 
     @classmethod
     def from_args(cls, args) -> SimulateConfig:

@@ -37,7 +37,7 @@ import numpy as np
 from apache_beam.pvalue import AsList, AsSingleton
 
 from kvldp.mechanisms.base import UserBatch
-from kvldp.mechanisms.protocol import Collection, Protocol, ProtocolState
+from kvldp.mechanisms.protocol import Collection, Protocol, ProtocolState, check_count_draw
 from kvldp.transforms.accumulate import DrawnCountsCombineFn, RoundCombineFn
 from kvldp.transforms.global_combine import combine_without_defaults, inject_default
 from kvldp.transforms.perturb import DrawCountsFn, PerturbFn
@@ -171,8 +171,8 @@ class RunProtocol(beam.PTransform):
     def __init__(self, protocol: Protocol, seed: int, fanout: int | None = None,
                  later_rounds: UserRecipes | None = None, label: str | None = None, draw_counts: bool = False):
         super().__init__(label)
-        if draw_counts and not protocol.can_draw_counts:
-            raise ValueError(f"{protocol.name} cannot draw its counts without making reports")
+        if draw_counts:
+            check_count_draw(protocol)
         self._protocol, self._seed, self._fanout, self._later = protocol, seed, fanout, later_rounds
         self._draw = draw_counts
 
