@@ -15,6 +15,7 @@ for the same seed, and the flag is refused where no draw exists.
 from __future__ import annotations
 
 import collections
+import itertools
 
 import numpy as np
 import pytest
@@ -46,7 +47,6 @@ def batch(users) -> UserBatch:
 def ioh_outcomes(mech):
     """IOH's reports in ``output_probabilities``' order (``itertools.product``
     of bits) and what each adds to the counts after ``n``: its bits."""
-    import itertools
     return np.array(list(itertools.product((0, 1), repeat=mech.n_cells)), dtype=np.int64)
 
 

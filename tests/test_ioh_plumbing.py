@@ -9,7 +9,6 @@ import pytest
 from ioh_helpers import ue_params
 from kvldp.mechanisms import randomness
 from kvldp.mechanisms.base import ReportBatch, UserBatch
-from kvldp.mechanisms.cells import state_index
 from kvldp.mechanisms.ioh import IOH, MAX_IOH_KEYS, PackedReportBatch, bit_sums, pack_positions, packed_width
 from kvldp.mechanisms.registry import make
 
@@ -64,7 +63,7 @@ def test_packed_reports_equal_the_packed_sparse_reports(monkeypatch, variant, ru
     users = UserBatch.single_pair(np.arange(600) % 4, np.linspace(-1, 1, 600))
     reports = mech.perturb(users, np.random.default_rng(5))
     rng = np.random.default_rng(5)
-    cells = state_index(mech.states(users, rng))
+    cells = mech.cells(users, rng)
     offsets, positions = mech.oracle.perturb(cells, rng)
     np.testing.assert_array_equal(reports.bits, pack_positions(offsets, positions, 27))
 

@@ -224,8 +224,12 @@ class IOH(Mechanism):
         states[users.owners[mine], col[mine]] = discretise(users.values[mine], rng) + 1
         return states
 
+    def cells(self, users: UserBatch, rng: np.random.Generator) -> np.ndarray:
+        """Each user's cell ``I`` (its states' base-3 index): what the report one-hot encodes."""
+        return state_index(self.states(users, rng))
+
     def perturb(self, users: UserBatch, rng: np.random.Generator) -> Reports:
-        cells = state_index(self.states(users, rng))
+        cells = self.cells(users, rng)
         if self.sparse:     # symbols carry nothing here: a set position is a 1
             offsets, positions = self.oracle.perturb(cells, rng)
             return ReportBatch(offsets, positions, np.ones(len(positions), dtype=np.int8), users.batch_id)
@@ -239,7 +243,7 @@ class IOH(Mechanism):
         ~7,000 a user for SUE at k = 10, eps = 4."""
         counts = self.new_counts()
         counts[0] = users.n_users
-        counts[1:] = self.oracle.draw_support(state_index(self.states(users, rng)), rng)
+        counts[1:] = self.oracle.draw_support(self.cells(users, rng), rng)
         return counts
 
     # -- collector --------------------------------------------------------
