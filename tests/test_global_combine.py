@@ -16,7 +16,7 @@ from kvldp.mechanisms.privkvm import PrivKVMPlus
 from kvldp.pipelines import sources
 from kvldp.pipelines.graphs import simulate_graph
 from kvldp.transforms.accumulate import ArraySumCombineFn
-from kvldp.transforms.global_combine import CombineAll
+from kvldp.transforms.global_combine import CombineAll, combine_without_defaults
 
 
 def _nan_as_text(value):
@@ -40,6 +40,70 @@ def test_it_gives_what_combine_globally_gives(values, fanout):
             want = [_nan_as_text(expected[fn if fn is sum else type(fn)])]
             assert_that(ours, equal_to(want), label="ours")
             assert_that(beams, equal_to(want), label="theirs")
+
+
+class _TypedSum(beam.CombineFn):
+    """A CombineFn whose output type is stated (the combined value's coder follows it)."""
+
+    def create_accumulator(self):
+        return 0
+
+    def add_input(self, total, value):
+        return total + value
+
+    def merge_accumulators(self, totals):
+        return sum(totals)
+
+    def extract_output(self, total):
+        return total
+
+    def default_type_hints(self):
+        return beam.typehints.decorators.IOTypeHints.empty().with_input_types(int).with_output_types(int)
+
+
+def _element_types(transform, source_type=None):
+    """Each step's output element type and full label, the steps' labels in order."""
+    p = beam.Pipeline()
+    source = p | beam.Create([1, 2])
+    if source_type is not None:
+        source = source | beam.Map(lambda x: x).with_output_types(source_type)
+    source | "Combine" >> transform
+    found = []
+
+    class Types(beam.pipeline.PipelineVisitor):
+        def visit_transform(self, node):
+            if node.full_label.startswith("Combine/"):
+                found.append((node.full_label, [str(o.element_type) for o in node.outputs.values()]))
+
+        enter_composite_transform = visit_transform
+
+    p.visit(Types())
+    return found
+
+
+@pytest.mark.parametrize("fn", [sum, _TypedSum(), ArraySumCombineFn(3)])
+@pytest.mark.parametrize("fanout", [None, 2])
+@pytest.mark.parametrize("source_type", [None, int])
+def test_without_defaults_builds_beams_steps_and_types(fn, fanout, source_type):
+    """``combine_without_defaults`` is ``CombineGlobally(fn).without_defaults()``
+    step for step: the same labels and the same element types (so coders),
+    its ``UnKey``'s type stated where Beam infers it from a lambda."""
+    theirs = beam.CombineGlobally(fn).without_defaults()
+    if fanout:
+        theirs = theirs.with_fanout(fanout)
+    assert _element_types(combine_without_defaults(fn, fanout), source_type) == _element_types(theirs, source_type)
+
+
+@pytest.mark.parametrize("fanout", [None, 3])
+def test_without_defaults_combines_each_window_that_has_input(fanout):
+    events = [(1, 0.0), (2, 1.0), (3, 12.0), (4, 25.0), (5, 26.0)]
+    with beam.Pipeline() as p:
+        windowed = (p | beam.Create(events) | beam.Map(lambda e: window.TimestampedValue(*e))
+                    | beam.WindowInto(window.FixedWindows(10)))
+        ours = windowed | "Ours" >> combine_without_defaults(sum, fanout)
+        theirs = windowed | "Theirs" >> beam.CombineGlobally(sum).without_defaults()
+        assert_that(ours, equal_to([3, 3, 9]), label="ours")
+        assert_that(theirs, equal_to([3, 3, 9]), label="theirs")
 
 
 def test_no_input_gives_the_combine_fns_empty_value():

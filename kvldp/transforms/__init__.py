@@ -5,7 +5,8 @@ through a per-class memo (``dofn_specs``): every graph kvldp builds, and
 every stage a worker sets up, asks it several times per ParDo; and the
 source scan ``ParDo`` runs on each DoFn's ``process`` through a
 per-function memo (``yield_check``)."""
-from kvldp.transforms import dofn_specs, yield_check
+from kvldp.transforms import argspecs, dofn_specs, yield_check
 
+argspecs.install()
 dofn_specs.install()
 yield_check.install()

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import apache_beam as beam
 from apache_beam.pvalue import AsList
+from apache_beam.transforms.core import _KeyWithNone
 from apache_beam.transforms.window import GlobalWindows
+from apache_beam.typehints.typehints import TupleConstraint
 
 
 class CombineAll(beam.PTransform):
@@ -41,11 +43,49 @@ class CombineAll(beam.PTransform):
         return pcoll.pipeline | "DoOnce" >> beam.Impulse() | "InjectDefault" >> inject
 
 
-def combine_without_defaults(fn, fanout: int | None = None) -> beam.CombineGlobally:
+def combine_without_defaults(fn, fanout: int | None = None, label: str | None = None) -> CombineWithoutDefaults:
     """``beam.CombineGlobally(fn).without_defaults()`` (one output per window
-    that has input; ``fanout``: its ``with_fanout``)."""
-    combine = beam.CombineGlobally(fn).without_defaults()
-    return combine.with_fanout(fanout) if fanout else combine
+    that has input; ``fanout``: its ``with_fanout``), as ``CombineWithoutDefaults``."""
+    return CombineWithoutDefaults(fn, fanout, label)
+
+
+class CombineWithoutDefaults(beam.PTransform):
+    """``beam.CombineGlobally(fn).without_defaults()``, the same three steps
+    (``KeyWithVoid``, ``CombinePerKey``, ``UnKey``) without its wrapper's cost.
+
+    Beam's ``UnKey`` is ``Map(lambda k_v: k_v[1])`` with no output type, so
+    each combine's graph ran Beam's bytecode type inference on the lambda
+    to find the type its ``CombinePerKey`` already states; and the wrapper
+    itself is a composite more to apply, type-check and translate. Here the
+    value's type is read off the ``CombinePerKey``'s output: the same
+    element types (hence coders) and the same steps and labels, so a
+    streaming job's update compatibility is kept. ``tests/test_global_combine.py``
+    compares both, typed and untyped, windowed, with fanout."""
+
+    def __init__(self, fn, fanout: int | None = None, label: str | None = None):
+        super().__init__(label)
+        self._fn, self._fanout = beam.CombineFn.maybe_from_callable(fn), fanout
+
+    def expand(self, pcoll):
+        combine_per_key = beam.CombinePerKey(self._fn)
+        if self._fanout:
+            combine_per_key = combine_per_key.with_hot_key_fanout(self._fanout)
+        # Beam's own keying DoFn: it translates to a URN, not a pickled DoFn
+        key = beam.ParDo(_KeyWithNone()).with_output_types(beam.typehints.KV[None, pcoll.element_type])
+        combined = pcoll | "KeyWithVoid" >> key | "CombinePerKey" >> combine_per_key
+        unkey = beam.Map(_value).with_output_types(_value_type(combined.element_type))
+        return combined | "UnKey" >> unkey
+
+
+def _value(key_value):
+    return key_value[1]
+
+
+def _value_type(kv_type):
+    """The value type of a ``Tuple[K, V]`` hint (``Any`` when there is none)."""
+    if isinstance(kv_type, TupleConstraint) and len(kv_type.tuple_types) == 2:
+        return kv_type.tuple_types[1]
+    return beam.typehints.Any
 
 
 def inject_default(_, combined: list, fn: beam.CombineFn):

@@ -26,8 +26,12 @@ Positioned = beam.typehints.KV[int, Any]
 
 
 def spread(keyed: beam.PCollection) -> beam.PCollection:
-    """``PCollection[(position, item)] -> PCollection[item]``, grouped by position (module docstring)."""
-    return keyed | "Spread" >> beam.GroupByKey() | "Items" >> beam.FlatMapTuple(_items)
+    """``PCollection[(position, item)] -> PCollection[item]``, grouped by position (module docstring).
+
+    The items' type is stated: ``Any``, what Beam would find by running its
+    bytecode type inference on ``_items`` (~1 ms a round of a protocol's graph)."""
+    items = beam.FlatMapTuple(_items).with_output_types(Any)
+    return keyed | "Spread" >> beam.GroupByKey() | "Items" >> items
 
 
 def _items(_position, items):
