@@ -4,7 +4,8 @@ Importing the package routes Beam's per-DoFn state/timer introspection
 through a per-class memo (``dofn_specs``): every graph kvldp builds, and
 every stage a worker sets up, asks it several times per ParDo; and the
 source scan ``ParDo`` runs on each DoFn's ``process`` through a
-per-function memo (``yield_check``)."""
+per-function memo (``yield_check``); and its argument specs of a DoFn's
+methods, asked at every step too, through a per-function memo (``argspecs``)."""
 from kvldp.transforms import argspecs, dofn_specs, yield_check
 
 argspecs.install()
