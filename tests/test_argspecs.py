@@ -77,4 +77,4 @@ def test_a_function_nobody_holds_is_forgotten():
     del fn
     gc.collect()
     assert remembered and gone() is None
-    assert not [f for f in argspecs._answers.keys() if f.__code__ is make().__code__]
+    assert not [f for f in argspecs._answers if f.__code__ is make().__code__]

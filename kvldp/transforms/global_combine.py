@@ -12,6 +12,10 @@ straight on an Impulse: the same output, on any runner, from one ParDo
 (the truth sums, IOH's pattern sums, the pre-passes' sums). A protocol's
 round goes one step further and injects its counts' default in its
 calibration (``rounds.calibrate_round``).
+
+Without defaults (a round's counts, a window's combine), the combine is
+Beam's own three steps without ``CombineGlobally``'s wrapper and its
+``UnKey`` lambda's type inference (``CombineWithoutDefaults``).
 """
 from __future__ import annotations
 
@@ -43,10 +47,10 @@ class CombineAll(beam.PTransform):
         return pcoll.pipeline | "DoOnce" >> beam.Impulse() | "InjectDefault" >> inject
 
 
-def combine_without_defaults(fn, fanout: int | None = None, label: str | None = None) -> CombineWithoutDefaults:
+def combine_without_defaults(fn, fanout: int | None = None) -> CombineWithoutDefaults:
     """``beam.CombineGlobally(fn).without_defaults()`` (one output per window
     that has input; ``fanout``: its ``with_fanout``), as ``CombineWithoutDefaults``."""
-    return CombineWithoutDefaults(fn, fanout, label)
+    return CombineWithoutDefaults(fn, fanout)
 
 
 class CombineWithoutDefaults(beam.PTransform):
