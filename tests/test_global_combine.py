@@ -16,7 +16,7 @@ from kvldp.mechanisms.privkvm import PrivKVMPlus
 from kvldp.pipelines import sources
 from kvldp.pipelines.graphs import simulate_graph
 from kvldp.transforms.accumulate import ArraySumCombineFn
-from kvldp.transforms.global_combine import CombineAll, combine_without_defaults
+from kvldp.transforms.global_combine import CombineAll, CombineWithoutDefaults
 
 
 def _nan_as_text(value):
@@ -85,13 +85,13 @@ def _element_types(transform, source_type=None):
 @pytest.mark.parametrize("fanout", [None, 2])
 @pytest.mark.parametrize("source_type", [None, int])
 def test_without_defaults_builds_beams_steps_and_types(fn, fanout, source_type):
-    """``combine_without_defaults`` is ``CombineGlobally(fn).without_defaults()``
+    """``CombineWithoutDefaults`` is ``CombineGlobally(fn).without_defaults()``
     step for step: the same labels and the same element types (so coders),
     its ``UnKey``'s type stated where Beam infers it from a lambda."""
     theirs = beam.CombineGlobally(fn).without_defaults()
     if fanout:
         theirs = theirs.with_fanout(fanout)
-    assert _element_types(combine_without_defaults(fn, fanout), source_type) == _element_types(theirs, source_type)
+    assert _element_types(CombineWithoutDefaults(fn, fanout), source_type) == _element_types(theirs, source_type)
 
 
 @pytest.mark.parametrize("fanout", [None, 3])
@@ -100,7 +100,7 @@ def test_without_defaults_combines_each_window_that_has_input(fanout):
     with beam.Pipeline() as p:
         windowed = (p | beam.Create(events) | beam.Map(lambda e: window.TimestampedValue(*e))
                     | beam.WindowInto(window.FixedWindows(10)))
-        ours = windowed | "Ours" >> combine_without_defaults(sum, fanout)
+        ours = windowed | "Ours" >> CombineWithoutDefaults(sum, fanout)
         theirs = windowed | "Theirs" >> beam.CombineGlobally(sum).without_defaults()
         assert_that(ours, equal_to([3, 3, 9]), label="ours")
         assert_that(theirs, equal_to([3, 3, 9]), label="theirs")

@@ -181,7 +181,7 @@ def geometric_gaps(size: int, prob: float, total: int, rng: np.random.Generator,
     cells and eps = 4: ~7,000 a user)."""
     step = step or GAP_STEP
     rate = -math.log1p(-prob)
-    buffer = np.empty(min(size, step))
+    buffer = np.empty(min(size, step)) if prob < INVERSION_BELOW else None     # the exponentials' only
     for s in range(0, size, step):
         m = min(step, size - s)
         if prob >= INVERSION_BELOW:

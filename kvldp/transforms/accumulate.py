@@ -14,7 +14,7 @@ import numpy as np
 from kvldp.mechanisms.base import Estimates
 from kvldp.mechanisms.protocol import Protocol, ProtocolState
 from kvldp.transforms.coders import ArrayPayloadCoder
-from kvldp.transforms.global_combine import CombineAll, combine_without_defaults
+from kvldp.transforms.global_combine import CombineAll, CombineWithoutDefaults
 from kvldp.transforms.perturb import state_arg
 
 
@@ -92,7 +92,7 @@ class Accumulate(beam.PTransform):
         self._fanout, self._windowed = fanout, windowed
 
     def expand(self, reports):
-        combine = combine_without_defaults if self._windowed else CombineAll
+        combine = CombineWithoutDefaults if self._windowed else CombineAll
         return reports | "CombineCounts" >> combine(self._fn, self._fanout)
 
 

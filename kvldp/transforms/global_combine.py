@@ -40,21 +40,16 @@ class CombineAll(beam.PTransform):
         if pcoll.windowing.windowfn != GlobalWindows():
             raise ValueError("a combine with a default for no input needs the global window; "
                              "window the input's combine with without_defaults()")
-        combined = pcoll | "Combine" >> combine_without_defaults(self._fn, self._fanout)
+        combined = pcoll | "Combine" >> CombineWithoutDefaults(self._fn, self._fanout)
         inject = beam.Map(inject_default, AsList(combined), self._fn)
         if combined.element_type is not None:
             inject = inject.with_output_types(combined.element_type)
         return pcoll.pipeline | "DoOnce" >> beam.Impulse() | "InjectDefault" >> inject
 
 
-def combine_without_defaults(fn, fanout: int | None = None) -> CombineWithoutDefaults:
-    """``beam.CombineGlobally(fn).without_defaults()`` (one output per window
-    that has input; ``fanout``: its ``with_fanout``), as ``CombineWithoutDefaults``."""
-    return CombineWithoutDefaults(fn, fanout)
-
-
 class CombineWithoutDefaults(beam.PTransform):
-    """``beam.CombineGlobally(fn).without_defaults()``, the same three steps
+    """``beam.CombineGlobally(fn).without_defaults()`` (one output per window
+    that has input; ``fanout``: its ``with_fanout``): the same three steps
     (``KeyWithVoid``, ``CombinePerKey``, ``UnKey``) without its wrapper's cost.
 
     Beam's ``UnKey`` is ``Map(lambda k_v: k_v[1])`` with no output type, so

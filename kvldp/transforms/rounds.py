@@ -39,7 +39,7 @@ from apache_beam.pvalue import AsList, AsSingleton
 from kvldp.mechanisms.base import UserBatch
 from kvldp.mechanisms.protocol import Collection, Protocol, ProtocolState, check_count_draw
 from kvldp.transforms.accumulate import DrawnCountsCombineFn, RoundCombineFn
-from kvldp.transforms.global_combine import combine_without_defaults, inject_default
+from kvldp.transforms.global_combine import CombineWithoutDefaults, inject_default
 from kvldp.transforms.perturb import DrawCountsFn, PerturbFn
 from kvldp.transforms.spread import Positioned, positioned, spread
 
@@ -114,7 +114,7 @@ def calibrate_round(reports, protocol: Protocol, round_index: int, previous, fan
     not at all. ``drawn``: the elements are counts drawn per batch
     (``DrawCountsFn``), not reports."""
     combine_fn = (DrawnCountsCombineFn if drawn else RoundCombineFn)(protocol, round_index)
-    combined = reports | "Accumulate" >> combine_without_defaults(combine_fn, fanout)
+    combined = reports | "Accumulate" >> CombineWithoutDefaults(combine_fn, fanout)
     if isinstance(previous, beam.PCollection):
         start, constant = previous, None
     else:

@@ -30,7 +30,7 @@ from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 from kvldp.mechanisms.protocol import Collection
 from kvldp.schemas import envelope
 from kvldp.schemas.records import broadcast_records
-from kvldp.transforms.global_combine import combine_without_defaults
+from kvldp.transforms.global_combine import CombineWithoutDefaults
 from kvldp.transforms.streaming import DEAD_LETTER, DeadLetterOutput, Pane, PaneCounters
 from kvldp.transforms.tally import JobCounter
 
@@ -160,7 +160,7 @@ class ChainRounds(beam.PTransform):
 
     def expand(self, batches):
         chained = (batches
-                   | "CountRounds" >> combine_without_defaults(RoundsCombineFn(self._protocol))
+                   | "CountRounds" >> CombineWithoutDefaults(RoundsCombineFn(self._protocol))
                    | "PaneHead" >> beam.ParDo(_PaneHeadFn()).with_output_types(tuple[str, typing.Any])
                    | "GlobalWindow" >> beam.WindowInto(window.GlobalWindows())
                    | "Chain" >> beam.ParDo(ChainRoundsFn(self._protocol, self._collection_id, self._names,
