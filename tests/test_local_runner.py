@@ -1,6 +1,7 @@
 """The local runner (``kvldp/pipelines/local_runner.py``): a one-element stage
 runs on one worker, a stage with work for both on both, and the output is
-Beam's; in-process jobs pickle with zlib and every payload still loads."""
+Beam's; in-process jobs pickle with zlib and every payload still loads, and
+build their bundle processors without Beam's two threads."""
 from __future__ import annotations
 
 import threading
@@ -97,19 +98,59 @@ def test_in_process_jobs_pickle_with_zlib_and_everything_loads():
     assert pickler.loads(zlib_payload.decode()) == {"a": 1}                 # str payloads, as protos carry them
 
 
-class _SamplerKind(beam.DoFn):
+_BUILT_ON: list[str] = []
+
+
+class _BuildAndStepTracker(beam.DoFn):
+    """Records the thread that unpickles it on the worker (Beam builds a
+    stage's operator tree there) and yields the kind of state sampler its
+    bundle runs under, counting each element in a user metric."""
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        with _LOCK:
+            _BUILT_ON.append(threading.current_thread().name)
+
     def process(self, element):
         from apache_beam.runners.worker import statesampler
-        yield statesampler.get_current_tracker().sampling_period_ms
+        beam.metrics.Metrics.counter("test", "seen").inc()
+        yield type(statesampler.get_current_tracker()).__name__
 
 
-def test_in_process_bundles_sample_promptly_and_beams_sampler_comes_back():
-    with runner.make_pipeline([]) as p:
-        periods = p | beam.Create([1, 2]) | beam.ParDo(_SamplerKind())
-        assert_that(periods, equal_to([local_runner.SAMPLING_PERIOD_MS] * 2))
-    from apache_beam.runners.worker import statesampler
+def test_in_process_bundles_build_on_the_workers_thread_with_a_step_tracker_and_beams_come_back():
+    _BUILT_ON.clear()
+    p = runner.make_pipeline([])
+    kinds = p | beam.Create([1, 2, 3]) | beam.ParDo(_BuildAndStepTracker())
+    assert_that(kinds, equal_to(["StepTracker"] * 3))
+    result = p.run()
+    result.wait_until_finish()
+    # user metrics still find their step through the tracker
+    seen = result.metrics().query(beam.metrics.MetricsFilter().with_name("seen"))["counters"]
+    assert [c.committed for c in seen] == [3]
+    workers = [name for name in _BUILT_ON if name != threading.current_thread().name]   # not the graph's roundtrip
+    assert workers and not any(name.startswith("ExecutionTreeCreator") for name in workers), workers
+    from apache_beam.runners.worker import bundle_processor, statesampler
     assert statesampler.StateSampler is local_runner._BeamStateSampler
+    assert bundle_processor.concurrent is local_runner._beams_concurrent
     assert statesampler.StateSampler("x", None).sampling_period_ms == 200
+
+
+def test_beams_runner_builds_on_its_thread_with_its_sampler():
+    """The other side of the test above: outside a ``LocalRunner`` job Beam's
+    own thread and sampler run (so the test above can fail)."""
+    _BUILT_ON.clear()
+    with beam.Pipeline(runner=FnApiRunner()) as p:
+        kinds = p | beam.Create([1]) | beam.ParDo(_BuildAndStepTracker())
+        assert_that(kinds, equal_to(["StateSampler"]))
+    assert any(name.startswith("ExecutionTreeCreator") for name in _BUILT_ON), _BUILT_ON
+
+
+def test_the_inline_executor_returns_or_raises_as_a_thread_would():
+    with local_runner._InlineExecutor(max_workers=1, thread_name_prefix="x") as executor:
+        assert executor.submit(lambda a, b=0: a + b, 2, b=3).result(timeout=1) == 5
+        failed = executor.submit(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        failed.result(timeout=1)
 
 
 def test_subprocess_workers_keep_beams_codec(monkeypatch):

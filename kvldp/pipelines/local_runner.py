@@ -35,25 +35,37 @@ begins ``BZh``, a zlib one ``x``), so a payload made during a job loads
 anywhere; payloads made outside one -- or for subprocess workers
 (``multi_processing``), which run Beam's own ``loads`` -- stay bz2.
 
-During such a job, too, each bundle's state sampler (the thread that
-attributes time to steps, ``statesampler_fast.pyx``) wakes at least every
-5 ms instead of every 200: ``stop()`` joins that thread, which first sleeps
-out its current period (it grows 1.2x per wake from 2 ms to 200 ms), so
-every bundle that ran longer than ~1 s waited up to 0.2 s more at its end
--- 0.14 s of a 1.05 s PCKV-GRR job at 10^7 users, measured here. The
-sampler still measures the same step times, in finer steps.
+During such a job, too, a bundle processor is built without two threads
+Beam starts for it. Its operator tree is built on the worker's own thread,
+not on an ``ExecutionTreeCreator`` thread that the worker waits for: that
+thread is there so that a remote SDK harness stuck unpickling a DoFn can
+time out and terminate itself (``bundle_processor.BundleProcessor``), and
+an in-process worker's harness is the user's own process. And its state
+sampler tracks the current step without the thread that samples it
+(``statesampler_fast.pyx``): user metrics (the pipeline's tallies) find
+their step through the tracker as before, but no time is attributed to
+steps, so Beam's per-step ``msecs`` metrics read 0 on the local runner.
+``stop()`` joined that thread, which first slept out its current period (it
+grows 1.2x per wake from 2 ms to 200 ms): every bundle that ran longer than
+~1 s waited up to 0.2 s more at its end (0.14 s of a 1.05 s PCKV-GRR job at
+10^7 users, measured here). Capping the period at 5 ms still left ~2 ms a
+bundle, and each thread's start and join waits for the GIL: F2M's job at
+10^6 users took a median of 100 ms with both threads and 92 ms without,
+PrivKVM's 239 and 230 ms (15 and 10 runs each, interleaved).
 """
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
 import threading
+import types
 
 from apache_beam.internal import pickler
 from apache_beam.options.pipeline_options import DirectOptions
 from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.runners.portability.fn_api_runner.fn_runner import BundleManager, FnApiRunner, ParallelBundleManager
-from apache_beam.runners.worker import statesampler
+from apache_beam.runners.worker import bundle_processor, statesampler
 
 
 class _SparseParallelBundleManager(ParallelBundleManager):
@@ -90,8 +102,8 @@ def _occupied_partitions(inputs, num_workers: int) -> int:
 
 class LocalRunner(FnApiRunner):
     """``FnApiRunner`` whose stages with a single occupied partition run on
-    one worker, and whose in-process jobs pickle with zlib and sample their
-    bundles promptly (module docstring)."""
+    one worker, and whose in-process jobs pickle with zlib and build their
+    bundle processors without threads (module docstring)."""
 
     def run_pipeline(self, pipeline, options):
         in_process = options.view_as(DirectOptions).direct_running_mode != "multi_processing"
@@ -108,17 +120,49 @@ class LocalRunner(FnApiRunner):
         return manager
 
 
-SAMPLING_PERIOD_MS = 5
 _BeamStateSampler = statesampler.StateSampler
 
 
-class PromptStateSampler(_BeamStateSampler):
-    """Beam's state sampler with a 5 ms longest period (module docstring)."""
+class StepTracker(_BeamStateSampler):
+    """Beam's state sampler without its sampling thread: it tracks the
+    current step, and measures no time (module docstring)."""
 
-    def __init__(self, prefix, counter_factory, sampling_period_ms=SAMPLING_PERIOD_MS):
-        super().__init__(prefix, counter_factory, min(sampling_period_ms, SAMPLING_PERIOD_MS))
+    def start(self) -> None:
+        self.tracked_thread = threading.current_thread()
+        statesampler.set_current_tracker(self)
+        self.started = True
+
+    def stop(self) -> None:
+        statesampler.set_current_tracker(None)
+        self.finished = True
 
 
+class _InlineExecutor:
+    """What ``BundleProcessor`` asks of a ``ThreadPoolExecutor``, running the
+    task at once on the calling thread (module docstring)."""
+
+    def __init__(self, max_workers=None, thread_name_prefix=""):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        return False
+
+    def submit(self, fn, *args, **kwargs) -> concurrent.futures.Future:
+        future = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as e:          # the caller's ``result()`` raises it, as from a thread
+            future.set_exception(e)
+        return future
+
+
+_beams_concurrent = bundle_processor.concurrent
+# ``concurrent`` as ``bundle_processor`` reads it (``concurrent.futures.X``), with the inline executor
+_inline_concurrent = types.SimpleNamespace(futures=types.SimpleNamespace(
+    ThreadPoolExecutor=_InlineExecutor, TimeoutError=concurrent.futures.TimeoutError))
 _beam_dumps, _beam_loads = pickler.dumps, pickler.loads
 _in_process_jobs = [0]          # in-process jobs running now (a job may start while another runs)
 _jobs_lock = threading.Lock()
@@ -126,11 +170,13 @@ _jobs_lock = threading.Lock()
 
 @contextlib.contextmanager
 def in_process_job():
-    """Within: Beam's pickler compresses with zlib and bundles get a prompt
-    state sampler (module docstring)."""
+    """Within: Beam's pickler compresses with zlib, and bundle processors
+    are built on the worker's thread with a step tracker for a state sampler
+    (module docstring)."""
     with _jobs_lock:
         _in_process_jobs[0] += 1
-        statesampler.StateSampler = PromptStateSampler
+        statesampler.StateSampler = StepTracker
+        bundle_processor.concurrent = _inline_concurrent
     try:
         yield
     finally:
@@ -138,6 +184,7 @@ def in_process_job():
             _in_process_jobs[0] -= 1
             if not _in_process_jobs[0]:
                 statesampler.StateSampler = _BeamStateSampler
+                bundle_processor.concurrent = _beams_concurrent
 
 
 def _dumps(o, enable_trace=True, use_zlib=False, **kwargs):
