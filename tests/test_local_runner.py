@@ -161,3 +161,59 @@ def test_subprocess_workers_keep_beams_codec(monkeypatch):
         options = runner.JobOptions([f"--direct_running_mode={mode}"])
         local_runner.LocalRunner().run_pipeline(None, options)
         assert seen.pop() == expected, mode
+
+
+def _sized_values():
+    import types as pytypes
+
+    import numpy as np
+
+    from kvldp.mechanisms.protocol import ProtocolState
+    fresh = pytypes.ModuleType("kvldp_test_fresh_module")
+    fresh.table = list(range(1000))
+    return [
+        [ProtocolState(1, np.arange(100.0), False, 0.5, None)],
+        [("spec", i, np.zeros(8)) for i in range(20)],
+        {"a": [1, 2.0, "three"], "b": (None, b"x" * 100)},
+        [np.arange(10_000), _sized_values, vars(np)],       # a function and a module's globals: not counted
+        [fresh, vars(fresh)],
+        [],
+    ], fresh
+
+
+def test_side_inputs_weigh_what_beam_weighs_and_new_modules_count_as_loaded():
+    import sys
+
+    values, fresh = _sized_values()
+    for value in values:
+        assert local_runner._deep_size(value) == local_runner._beams_deep_size(value), value
+    before = local_runner._deep_size(values[4])
+    sys.modules[fresh.__name__] = fresh          # now loaded: its globals are excluded, as Beam's function does
+    try:
+        assert local_runner._deep_size(values[4]) == local_runner._beams_deep_size(values[4]) < before
+    finally:
+        del sys.modules[fresh.__name__]
+    assert local_runner._deep_size(values[4]) == before
+    assert local_runner._excluded_ids() is local_runner._excluded_ids()    # listed once
+
+
+def test_an_in_process_job_weighs_side_inputs_with_the_listed_globals():
+    from apache_beam.runners.worker import statecache
+    p = runner.make_pipeline([])
+    side = p | "Side" >> beam.Create([5])
+    out = p | beam.Create([1, 2]) | beam.Map(lambda x, s: x + s, beam.pvalue.AsSingleton(side))
+    assert_that(out, equal_to([6, 7]))
+    sized = []
+    original = local_runner._excluded_ids
+
+    def counted():
+        sized.append(1)
+        return original()
+
+    local_runner._excluded_ids = counted
+    try:
+        p.run().wait_until_finish()
+    finally:
+        local_runner._excluded_ids = original
+    assert sized                                     # the side input was weighed by ``_deep_size``
+    assert statecache.get_deep_size is local_runner._beams_deep_size
