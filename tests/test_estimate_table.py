@@ -212,7 +212,7 @@ def test_jsonl_read_a_column_at_a_time_equals_record_by_record(tmp_path, case):
     """pyarrow's reader gives the columns the record-by-record path gives:
     same fields in the same order, the same doubles bit for bit (NaN for
     null), the same ints and strings."""
-    from kvldp.schemas.estimate_columns import EstimateRecords, read_estimate_records
+    from kvldp.schemas.estimate_columns import EstimateRecords, _jsonl_columns, read_estimate_records
     from kvldp.schemas.records import estimate_lines
 
     _, res = _run(d=9, name="privkv")
@@ -232,11 +232,41 @@ def test_jsonl_read_a_column_at_a_time_equals_record_by_record(tmp_path, case):
                  for x in lines]
     path = tmp_path / "e.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    fast = read_estimate_records(str(path), "jsonl")
-    slow = EstimateRecords(json.loads(x) for x in path.read_text().splitlines() if x.strip())
+    fast = _jsonl_columns(str(path))                 # the columnar reader itself (a file this small is read
+    slow = EstimateRecords(json.loads(x) for x in path.read_text().splitlines() if x.strip())  # record by record)
     assert list(fast._columns) == list(slow._columns)
     assert _columns_of(fast) == _columns_of(slow)
     assert list(fast) == list(slow) and len(fast) == len(slow) == 9
+    small = read_estimate_records(str(path), "jsonl")
+    assert list(small._columns) == list(slow._columns) and _columns_of(small) == _columns_of(slow)
+
+
+def _estimate_recs(keys: int) -> list[dict]:
+    return [{"key": k, "key_name": f"k{k}", "frequency": k / 7, "mean": None if k % 5 else -0.25,
+             "status": "ok", "n_reports": 3 * k} for k in range(keys)]
+
+
+@pytest.mark.parametrize("bytes_past", [-1000, -1, 0, 1, 200_000])
+def test_jsonl_files_small_and_large_read_the_same_records(tmp_path, bytes_past):
+    """A file ``bytes_past`` bytes longer than ``SMALL_JSONL`` (records padded
+    to land exactly there) reads to the same columns, whichever path reads it."""
+    from kvldp.schemas.estimate_columns import SMALL_JSONL, EstimateRecords, read_estimate_records
+
+    size = SMALL_JSONL + bytes_past
+    recs = _estimate_recs(max(1, size // 120))
+    text = "".join(json.dumps(r) + "\n" for r in recs)
+    while len(text) > size:
+        recs.pop()
+        text = "".join(json.dumps(r) + "\n" for r in recs)
+    recs[-1]["status"] += "x" * (size - len(text))          # the last record takes up the rest
+    text = "".join(json.dumps(r) + "\n" for r in recs)
+    path = tmp_path / "e.jsonl"
+    path.write_text(text)
+    assert path.stat().st_size == size
+    got = read_estimate_records(str(path), "jsonl")
+    want = EstimateRecords(iter(recs))
+    assert list(got._columns) == list(want._columns) and _columns_of(got) == _columns_of(want)
+    assert len(got) == len(recs)
 
 
 def test_a_malformed_jsonl_file_fails_as_before(tmp_path):
