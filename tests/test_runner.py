@@ -114,3 +114,32 @@ def test_the_command_freezes_its_imports_once_before_any_job():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     frozen, after, collected = map(int, out.stdout.split()[-3:])
     assert frozen > 100_000 and after == frozen and collected >= 1000
+
+
+@pytest.mark.parametrize("copy_of", ["deepcopy", "pickle"])
+def test_job_options_copies_make_their_own_views_of_their_own_values(copy_of, monkeypatch):
+    """A copy of ``JobOptions`` (``Pipeline`` deep-copies its options) holds
+    the values, not the original's views: changing one does not change the
+    other, and copying parses no flags for the views it leaves behind."""
+    import copy
+    import pickle
+
+    from apache_beam.options.pipeline_options import GoogleCloudOptions, SetupOptions, TypeOptions
+
+    from kvldp.pipelines.runner import JobOptions
+
+    original = JobOptions(["--direct_num_workers=2", "--save_main_session"])
+    for cls in (StandardOptions, DirectOptions, SetupOptions, TypeOptions, GoogleCloudOptions):
+        original.view_as(cls)
+    parses = []
+    init = PipelineOptions.__init__
+    monkeypatch.setattr(PipelineOptions, "__init__",
+                        lambda self, *a, **k: parses.append(type(self)) or init(self, *a, **k))
+    made = copy.deepcopy(original) if copy_of == "deepcopy" else pickle.loads(pickle.dumps(original))
+    assert parses == []
+    assert "_views" not in made.__dict__ and made._all_options is not original._all_options
+    assert made.view_as(DirectOptions).direct_num_workers == 2 and made.view_as(SetupOptions).save_main_session
+    made.view_as(DirectOptions).direct_num_workers = 1
+    assert original.view_as(DirectOptions).direct_num_workers == 2
+    assert made.get_all_options()["direct_num_workers"] == 1
+    assert made.view_as(DirectOptions) is made.view_as(DirectOptions)          # its views are kept again

