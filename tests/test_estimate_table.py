@@ -276,3 +276,16 @@ def test_a_malformed_jsonl_file_fails_as_before(tmp_path):
     path.write_text('{"key": "a", "frequency": 0.5}\n{"key": "b", "frequency": "high"}\n')
     with pytest.raises(TypeError):
         read_estimate_records(str(path), "jsonl")
+
+
+def test_a_small_jsonl_file_splits_lines_as_the_record_path_does(tmp_path):
+    """CRLF line ends, and a raw U+2028 inside a string (valid JSON, which
+    ``str.splitlines`` would split on): the small-file path reads the
+    records the large-file fallback reads."""
+    from kvldp.schemas.estimate_columns import read_estimate_records
+
+    recs = [{"key": k, "key_name": f"line\u2028sep {k}", "frequency": 0.5} for k in range(3)]
+    path = tmp_path / "e.jsonl"
+    path.write_bytes("".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in recs).encode("utf-8"))
+    got = read_estimate_records(str(path), "jsonl")
+    assert list(got) == recs

@@ -190,9 +190,10 @@ def read_estimate_records(path: str, fmt: str) -> EstimateRecords:
     if fmt == "jsonl":
         with FileSystems.open(path) as fh:
             head = fh.read(SMALL_JSONL)
-            whole = len(head) < SMALL_JSONL or not fh.read(1)
-        if whole:
-            return EstimateRecords(json.loads(line) for line in head.decode("utf-8").splitlines() if line.strip())
+            whole = not fh.read(1)      # at its end (a short read that is not comes back with more)
+        if whole:   # the lines as the record path below reads them (universal newlines)
+            text = io.TextIOWrapper(io.BytesIO(head), encoding="utf-8")
+            return EstimateRecords(json.loads(line) for line in text if line.strip())
         if (fast := _jsonl_columns(path)) is not None:
             return fast
     with FileSystems.open(path) as fh:
