@@ -197,29 +197,40 @@ def _excluded_ids() -> frozenset:
     return ids
 
 
+def _size_settings():
+    """objsize's settings for Beam's size, referent and filter functions,
+    module globals left to ``_excluded_ids``; None where this objsize has no
+    traversal context (0.7 on; Beam allows 0.6) or this Beam no such
+    functions: then Beam's own ``get_deep_size`` stays."""
+    try:
+        from objsize.traverse import ObjSizeSettings
+    except ImportError:
+        return None
+    functions = ("_get_referents_func", "_filter_func", "_size_func")
+    if not hasattr(ObjSizeSettings, "new_context") or not all(hasattr(statecache, f) for f in functions):
+        return None
+    return ObjSizeSettings(get_referents_func=statecache._get_referents_func, filter_func=statecache._filter_func,
+                           get_size_func=statecache._size_func, exclude_modules_globals=False)
+
+
+_SIZE_SETTINGS = _size_settings()
+
+
 def _deep_size(*objs) -> int:
     """``statecache.get_deep_size``: the same traversal, size and filter
     functions, with the ids it excludes from ``_excluded_ids`` instead of
     listed afresh on every call (a traversal only reads them)."""
-    from objsize.traverse import ObjSizeSettings, TraversalContext
-
-    context = TraversalContext(ObjSizeSettings(
-        get_referents_func=statecache._get_referents_func, filter_func=statecache._filter_func,
-        get_size_func=statecache._size_func, exclude_modules_globals=False))
+    context = _SIZE_SETTINGS.new_context()
     context.exclude_set = _excluded_ids()
     return context.get_deep_size(*objs)
 
 
-def _can_size_once() -> bool:
-    """Whether this objsize has the traversal context ``_deep_size`` uses (0.7 on; Beam allows 0.6)."""
-    try:
-        from objsize.traverse import TraversalContext  # noqa: F401
-    except ImportError:
-        return False
-    return all(hasattr(statecache, f) for f in ("_get_referents_func", "_filter_func", "_size_func"))
-
-
 _beam_dumps, _beam_loads = pickler.dumps, pickler.loads
+# (module, attribute, ours, Beam's): what an in-process job swaps while it runs
+_SWAPS = [(statesampler, "StateSampler", StepTracker, _BeamStateSampler),
+          (bundle_processor, "concurrent", _inline_concurrent, _beams_concurrent)]
+if _SIZE_SETTINGS is not None:
+    _SWAPS.append((statecache, "get_deep_size", _deep_size, _beams_deep_size))
 _in_process_jobs = [0]          # in-process jobs running now (a job may start while another runs)
 _jobs_lock = threading.Lock()
 
@@ -232,19 +243,16 @@ def in_process_job():
     globals each time (module docstring)."""
     with _jobs_lock:
         _in_process_jobs[0] += 1
-        statesampler.StateSampler = StepTracker
-        bundle_processor.concurrent = _inline_concurrent
-        if _can_size_once():
-            statecache.get_deep_size = _deep_size
+        for module, name, ours, _ in _SWAPS:
+            setattr(module, name, ours)
     try:
         yield
     finally:
         with _jobs_lock:
             _in_process_jobs[0] -= 1
             if not _in_process_jobs[0]:
-                statesampler.StateSampler = _BeamStateSampler
-                bundle_processor.concurrent = _beams_concurrent
-                statecache.get_deep_size = _beams_deep_size
+                for module, name, _, beams in _SWAPS:
+                    setattr(module, name, beams)
 
 
 def _dumps(o, enable_trace=True, use_zlib=False, **kwargs):
