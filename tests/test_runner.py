@@ -143,3 +143,39 @@ def test_job_options_copies_make_their_own_views_of_their_own_values(copy_of, mo
     assert original.view_as(DirectOptions).direct_num_workers == 2
     assert made.get_all_options()["direct_num_workers"] == 1
     assert made.view_as(DirectOptions) is made.view_as(DirectOptions)          # its views are kept again
+
+
+def test_job_options_views_keep_their_option_names():
+    """A view of ``JobOptions`` lists its option names once: reads, writes
+    (shared with every other view), ``dir``, ``str`` and an unknown name's
+    error behave as on Beam's view, without listing the parsed namespace
+    again (Beam sorts ``dir`` of it on every attribute access)."""
+    import pickle
+
+    from apache_beam.options.pipeline_options import TypeOptions
+
+    from kvldp.pipelines.runner import JobOptions
+
+    options = JobOptions(["--direct_num_workers=2", "--pipeline_type_check"])
+    direct, beams = options.view_as(DirectOptions), PipelineOptions(["--direct_num_workers=2"]).view_as(DirectOptions)
+    assert list(direct._visible_option_list()) == beams._visible_option_list()
+    assert str(direct) == str(beams)
+    direct.__dict__["_visible_options"] = _Unlistable()        # listing it again would raise
+    assert direct.direct_num_workers == 2
+    direct.direct_num_workers = 1
+    assert options.view_as(DirectOptions).direct_num_workers == 1
+    assert options.get_all_options()["direct_num_workers"] == 1
+    assert options.view_as(TypeOptions).pipeline_type_check is True
+    with pytest.raises(AttributeError, match="no attribute 'not_an_option'"):
+        _ = direct.not_an_option
+    with pytest.raises(AttributeError, match="no attribute 'not_an_option'"):
+        direct.not_an_option = 3
+    typed = options.view_as(TypeOptions)
+    restored = pickle.loads(pickle.dumps(typed))
+    assert restored.pipeline_type_check is True and list(restored._visible_option_list()) == list(
+        typed._visible_option_list())
+
+
+class _Unlistable:
+    def __dir__(self):
+        raise AssertionError("the view listed its namespace again")
