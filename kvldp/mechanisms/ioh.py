@@ -90,18 +90,24 @@ def packed_width(n_cells: int) -> int:
     return (n_cells + 7) // 8
 
 
-BLOCK_CELLS = 1 << 24      # a dense block's cells: 16 MB of bools, whatever 3^k is
+# A dense block's cells (bools), whatever 3^k is: one that stays in the
+# core's caches while it is zeroed, scattered into and packed (or unpacked
+# and summed). Per user, one batch, 16 MiB blocks against these: packing
+# 35.1 -> 19.7 us at k = 10 (4.3 -> 2.5 at k = 8), summing 11.5 -> 8.0 us
+# (1.3 -> 0.9); a quarter of these sizes is slower again.
+PACK_BLOCK_CELLS = 1 << 20
+SUM_BLOCK_CELLS = 1 << 21
 
 
 def pack_positions(offsets: np.ndarray, positions: np.ndarray, n_cells: int,
                    chunk_rows: int | None = None) -> np.ndarray:
     """Sparse set positions (CSR) -> packed rows, through a dense bool block
     of at most ``chunk_rows`` rows (``np.packbits`` is ~10x faster than
-    scattering bit weights); by default as many rows as fit ``BLOCK_CELLS``
+    scattering bit weights); by default as many rows as fit ``PACK_BLOCK_CELLS``
     (4,096 rows were 242 MB of block at k = 10, a fifth of IOH-SUE's batch)."""
     n, width = len(offsets) - 1, packed_width(n_cells) * 8
     out = np.empty((n, packed_width(n_cells)), dtype=np.uint8)
-    chunk_rows = chunk_rows or max(1, BLOCK_CELLS // width)
+    chunk_rows = chunk_rows or max(1, PACK_BLOCK_CELLS // width)
     for s in range(0, n, chunk_rows):
         e = min(n, s + chunk_rows)
         block = np.zeros((e - s, width), dtype=bool)
@@ -143,11 +149,11 @@ def packed_unary_reports(oracle: SUE | OUE, items: np.ndarray, rng: np.random.Ge
 
 def bit_sums(bits: np.ndarray, n_cells: int, chunk_rows: int | None = None) -> np.ndarray:
     """Column sums of packed rows, unpacking at most ``chunk_rows`` at a
-    time (by default as many as fit ``BLOCK_CELLS``, and at most
+    time (by default as many as fit ``SUM_BLOCK_CELLS``, and at most
     ``SUM_ROWS``: a block's sums are taken in uint16, 3x faster than in
     int64, and added up in int64)."""
     out = np.zeros(packed_width(n_cells) * 8, dtype=np.int64)
-    chunk_rows = min(chunk_rows or max(1, BLOCK_CELLS // (packed_width(n_cells) * 8)), SUM_ROWS)
+    chunk_rows = min(chunk_rows or max(1, SUM_BLOCK_CELLS // (packed_width(n_cells) * 8)), SUM_ROWS)
     for s in range(0, bits.shape[0], chunk_rows):
         out += np.unpackbits(bits[s:s + chunk_rows], axis=1).sum(axis=0, dtype=np.uint16)
     return out[:n_cells]
