@@ -191,15 +191,20 @@ def read_estimate_records(path: str, fmt: str) -> EstimateRecords:
         with FileSystems.open(path) as fh:
             head = fh.read(SMALL_JSONL)
             whole = not fh.read(1)      # at its end (a short read that is not comes back with more)
-        if whole:   # the lines as the record path below reads them (universal newlines)
-            text = io.TextIOWrapper(io.BytesIO(head), encoding="utf-8")
-            return EstimateRecords(json.loads(line) for line in text if line.strip())
+        if whole:
+            return _jsonl_records(io.BytesIO(head))
         if (fast := _jsonl_columns(path)) is not None:
             return fast
     with FileSystems.open(path) as fh:
         if fmt == "avro":
             return EstimateRecords(fastavro.reader(fh))
-        text = io.TextIOWrapper(fh, encoding="utf-8", newline="" if fmt == "csv" else None)
         if fmt == "jsonl":
-            return EstimateRecords(json.loads(line) for line in text if line.strip())
-        return EstimateRecords(_csv_records(text))
+            return _jsonl_records(fh)
+        return EstimateRecords(_csv_records(io.TextIOWrapper(fh, encoding="utf-8", newline="")))
+
+
+def _jsonl_records(fh) -> EstimateRecords:
+    """One record per non-blank line of the binary file ``fh``, split as
+    text with universal newlines (not ``str.splitlines``: a raw U+2028 in a
+    string is valid JSON)."""
+    return EstimateRecords(json.loads(line) for line in io.TextIOWrapper(fh, encoding="utf-8") if line.strip())
