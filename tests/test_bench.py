@@ -11,6 +11,7 @@ def test_bench_runs_and_paths_agree(mechanism, capsys):
                      "--repeats", "1", "--dataset", "synthetic-multi"]) == 0
     out = capsys.readouterr().out
     assert "identical estimates: True" in out, out
+    assert "of which graph:" in out        # the local runner's split of the Beam job
 
 
 def test_the_sweep_writes_its_table_and_figure(tmp_path, capsys):
@@ -29,6 +30,13 @@ def test_the_sweep_writes_its_table_and_figure(tmp_path, capsys):
     assert all(r["error"] == "" and r["identical"] == "True" and float(r["peak_rss_mb"]) > 50 and r["runs"] == "1"
                for r in rows)
     assert all(float(r["command_seconds"]) > float(r["seconds"]) for r in rows)       # imports included
+    # a Beam run's seconds split at its first stage: the graph before, the stages after, and the read back
+    for r in rows:
+        if r["path"] == "numpy":
+            assert r["graph_seconds"] == r["stages_seconds"] == ""
+        else:
+            graph, stages = float(r["graph_seconds"]), float(r["stages_seconds"])
+            assert graph > 0 and stages > 0 and graph + stages <= float(r["seconds"]) + 0.0015   # rounded to ms
     assert (out / "bench.png").stat().st_size > 10_000
     with open(out / "kernels.csv", newline="") as fh:
         kernels = {r["oracle"]: r for r in csv.DictReader(fh)}

@@ -72,15 +72,22 @@ class BenchConfig:
                    tuple(names), sizes, args.kernels)
 
 
-def _beam_run(config: BenchConfig, beam_args, dataset, mechanism, seed) -> tuple[float, np.ndarray]:
+def _beam_run(config: BenchConfig, beam_args, dataset, mechanism, seed) -> tuple[float, np.ndarray, dict]:
+    phases: dict = {}
     start = time.perf_counter()
-    frequency = beam_frequencies(config.data, beam_args, dataset, mechanism, seed)
-    return time.perf_counter() - start, frequency
+    frequency = beam_frequencies(config.data, beam_args, dataset, mechanism, seed, phases)
+    return time.perf_counter() - start, frequency, phases
 
 
-def beam_frequencies(data: DataConfig, beam_args, dataset, mechanism, seed) -> np.ndarray:
+def beam_frequencies(data: DataConfig, beam_args, dataset, mechanism, seed,
+                     phases: dict | None = None) -> np.ndarray:
     """The simulate pipeline without the truth: frequency estimates in the
-    order of the local runner's arrays (``mechanism.estimate_keys``; IOH: its chosen keys)."""
+    order of the local runner's arrays (``mechanism.estimate_keys``; IOH: its chosen keys).
+
+    ``phases`` (on the local runner) gets the job's split, in seconds:
+    ``graph`` (the pipeline built, translated and fused: the first stage's
+    start), ``stages`` (running them) and ``read`` (the estimates read back)."""
+    start = time.perf_counter()
     out = runner.scratch_path(beam_args, "estimates.jsonl")
     p = runner.make_pipeline(beam_args)
     source = sources.user_source(p, data, dataset)
@@ -88,7 +95,11 @@ def beam_frequencies(data: DataConfig, beam_args, dataset, mechanism, seed) -> n
     run["records"] | "Write" >> WriteEstimates(out)
     runner.finish(p.run())
     records = read_estimates(out)
-    return in_key_order(records.column("key"), records.column("frequency"), mechanism.estimate_keys)
+    frequency = in_key_order(records.column("key"), records.column("frequency"), mechanism.estimate_keys)
+    if phases is not None and getattr(p.runner, "stages_ended", None) is not None:
+        started, ended = p.runner.stages_started, p.runner.stages_ended
+        phases.update(graph=started - start, stages=ended - started, read=time.perf_counter() - ended)
+    return frequency
 
 
 def in_key_order(keys, values, wanted) -> np.ndarray:
@@ -116,14 +127,15 @@ def run(config: BenchConfig, beam_args) -> dict:
     data = data.sized_for(mechanism, dataset.d)
     config = dataclasses.replace(config, data=data)
     crypto = not isinstance(seeds.perturb, SimulationSeed)
-    numpy_s, beam_s, fast_s = [], [], []
+    numpy_s, beam_s, fast_s, beam_phases = [], [], [], []
     for _ in range(config.repeats):
         seconds, local = _numpy_run(mechanism, dataset, seeds.perturb, data.batch_size)
         numpy_s.append(seconds)
         if crypto:      # the same run with the fast generator: what the cryptographic one costs
             fast_s.append(_numpy_run(mechanism, dataset, SimulationSeed(seeds.perturb), data.batch_size)[0])
-        seconds, beam_freq = _beam_run(config, beam_args, dataset, mechanism, seeds.perturb)
+        seconds, beam_freq, phases = _beam_run(config, beam_args, dataset, mechanism, seeds.perturb)
         beam_s.append(seconds)
+        beam_phases.append(phases)
     same = bool(np.array_equal(beam_freq, local.estimates.frequency, equal_nan=True))   # null = null
     n = dataset.n_users
     numpy_rate, beam_rate = n / min(numpy_s), n / min(beam_s)
@@ -131,6 +143,10 @@ def run(config: BenchConfig, beam_args) -> dict:
           f"{noise_generator_name(seeds.perturb)}")
     print(f"  numpy local runner: {min(numpy_s):8.2f} s  {numpy_rate / 1e6:8.3f} M users/s")
     print(f"  beam pipeline:      {min(beam_s):8.2f} s  {beam_rate / 1e6:8.3f} M users/s")
+    fastest = beam_phases[beam_s.index(min(beam_s))]
+    if fastest:         # the local runner's split (another runner's job is timed whole)
+        print(f"    of which graph:   {fastest['graph']:8.2f} s  (built and translated before the first stage), "
+              f"stages {fastest['stages']:.2f} s")
     print(f"  ratio beam/numpy:   {beam_rate / numpy_rate:8.2f}   identical estimates: {same}")
     out = {"numpy_users_per_s": numpy_rate, "beam_users_per_s": beam_rate, "ratio": beam_rate / numpy_rate,
            "identical": same}

@@ -4,8 +4,10 @@
 runs the mechanism on synthetic users either on the pure-NumPy local runner
 (``numpy``) or as the Beam pipeline of ``simulate`` (``beam``), saves the
 frequency estimates (in ``estimate_keys`` order) to ``OUT.npy`` and prints
-one JSON line: the run's seconds (imports and set-up excluded) and the
-process's peak RSS. Its own process, so one path's memory never counts
+one JSON line: the run's seconds (imports and set-up excluded), the
+process's peak RSS, and for Beam the run's split (``graph_seconds``, its
+pipeline built and translated up to the first stage; ``stages_seconds``;
+``read_seconds``). Its own process, so one path's memory never counts
 against the other's and the parent can time the whole command.
 """
 from __future__ import annotations
@@ -46,16 +48,17 @@ def main(argv: list[str]) -> dict:
     # NumPy run and would count an import as the run's work
     noise_generator_name(seeds.perturb)
     settle_imports()        # as ``kvldp``'s main does
+    phases: dict = {}
     start = time.perf_counter()
     if path == "numpy":
         frequency = run_local(mechanism, dataset, seeds.perturb, data.sized_batch).estimates.frequency
     else:
-        frequency = beam_frequencies(data, [], dataset, mechanism, seeds.perturb)
+        frequency = beam_frequencies(data, [], dataset, mechanism, seeds.perturb, phases)
     seconds = time.perf_counter() - start
     np.save(out, np.asarray(frequency, dtype=np.float64))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"path": path, "mechanism": name, "users": int(users), "seconds": seconds, "peak_rss_mb": peak,
-            "batch": data.sized_batch}
+            "batch": data.sized_batch, **{f"{phase}_seconds": value for phase, value in phases.items()}}
 
 
 def _number(text: str):

@@ -7,7 +7,9 @@ included; the two paths' estimates are compared bit for bit. Each runs
 RSS of them all): on two shared cores the same run varies by up to 1.5x,
 and a ratio of two single runs by more. Writes
 ``OUT/bench.csv`` (one row per run) and ``OUT/bench.png`` (users/s and peak
-RSS against n, Beam solid, NumPy dashed, one colour per mechanism), and,
+RSS against n, Beam solid, NumPy dashed, one colour per mechanism; a Beam
+row also splits its seconds into the graph, built and translated before
+the first stage runs, and the stages), and,
 with ``--kernels``, the oracle kernels against the plain NumPy floor and the
 peer libraries (``bench_kernels``).
 """
@@ -25,8 +27,11 @@ import numpy as np
 
 from kvldp.pipelines import figures, sweep
 
-FIELDS = ["mechanism", "users", "path", "seconds", "command_seconds", "users_per_s", "peak_rss_mb", "batch",
-          "ratio_beam_numpy", "identical", "runs", "error"]
+FIELDS = ["mechanism", "users", "path", "seconds", "graph_seconds", "stages_seconds", "command_seconds",
+          "users_per_s", "peak_rss_mb", "batch", "ratio_beam_numpy", "identical", "runs", "error"]
+# A Beam run's split (``bench_path``): before its first stage (the graph built, translated and fused; what
+# the job costs however few users) and its stages; blank for NumPy runs
+PHASES = ("graph_seconds", "stages_seconds")
 
 
 def run_one(path: str, name: str, users: int, keys: int, seed: int, epsilon: float,
@@ -42,7 +47,8 @@ def run_one(path: str, name: str, users: int, keys: int, seed: int, epsilon: flo
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     row = {"mechanism": name, "users": users, "path": path, "seconds": round(info["seconds"], 3),
            "command_seconds": round(command, 3), "users_per_s": round(users / info["seconds"]),
-           "peak_rss_mb": round(info["peak_rss_mb"]), "batch": info["batch"], "error": ""}
+           "peak_rss_mb": round(info["peak_rss_mb"]), "batch": info["batch"], "error": "",
+           **{phase: round(info[phase], 3) for phase in PHASES if phase in info}}
     return row, np.load(out)
 
 

@@ -68,6 +68,7 @@ import concurrent.futures
 import contextlib
 import sys
 import threading
+import time
 import types
 
 from apache_beam.internal import pickler
@@ -112,12 +113,25 @@ def _occupied_partitions(inputs, num_workers: int) -> int:
 class LocalRunner(FnApiRunner):
     """``FnApiRunner`` whose stages with a single occupied partition run on
     one worker, and whose in-process jobs pickle with zlib and build their
-    bundle processors without threads (module docstring)."""
+    bundle processors without threads (module docstring). It notes when a
+    job's stages start and end (``kvldp bench`` splits a job's time there)."""
+
+    # ``time.perf_counter()`` when the last job's first stage started and its last ended (None before
+    # a job): a job's time before the stages is its graph -- built, translated and fused -- however few users
+    stages_started: float | None = None
+    stages_ended: float | None = None
 
     def run_pipeline(self, pipeline, options):
         in_process = options.view_as(DirectOptions).direct_running_mode != "multi_processing"
         with in_process_job() if in_process else contextlib.nullcontext():
             return super().run_pipeline(pipeline, options)
+
+    def run_stages(self, stage_context, stages):
+        self.stages_started, self.stages_ended = time.perf_counter(), None
+        try:
+            return super().run_stages(stage_context, stages)
+        finally:
+            self.stages_ended = time.perf_counter()
 
     def _get_bundle_manager(self, bundle_context_manager):
         manager = super()._get_bundle_manager(bundle_context_manager)
