@@ -35,7 +35,8 @@ setup(
         # kvldp stream / publish (Pub/Sub) and --runner DataflowRunner (the Flex Template image installs it)
         "gcp": ["apache-beam[gcp]>=2.60,<3"],
         # the tests cover Pub/Sub (emulator) and the Dataflow template too
-        "test": ["pytest>=7", "gcp-storage-emulator>=2026.7.18", "apache-beam[gcp]>=2.60,<3"],
+        # (pytest-xdist: the suite runs its files on every core, ``-n auto --dist loadfile``)
+        "test": ["pytest>=7", "pytest-xdist>=3.5", "gcp-storage-emulator>=2026.7.18", "apache-beam[gcp]>=2.60,<3"],
         # kvldp bench --sweep --kernels: the peer LDP libraries, timed next to kvldp
         "bench": ["pure-ldp==1.2.0", "multi-freq-ldpy==0.2.5", "scikit-learn", "statsmodels"],   # pure-LDP imports both
     },
