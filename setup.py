@@ -15,7 +15,9 @@ setup(
         # Beam without its gcp extra: that extra's clients (BigQuery, Pub/Sub, Dataflow, apitools) are
         # imported by `import apache_beam` whenever installed, 0.45 of its 0.95 s at every command's
         # start; gs:// needs only google-cloud-storage (below). Pub/Sub and Dataflow: the gcp extra.
-        "apache-beam>=2.60,<3",
+        # The range CI runs (.ci/run): the floor (2.62, the Flink route's release: deploy/flink/constraints.txt)
+        # and the newest; kvldp.runtime tunes the local runner on exactly these two (tweaks.TESTED_BEAM).
+        "apache-beam>=2.62,<2.78",
         "numpy>=1.24",
         "scipy>=1.10",
         "fastavro>=1.13",
@@ -33,12 +35,12 @@ setup(
     ],
     extras_require={
         # kvldp stream / publish (Pub/Sub) and --runner DataflowRunner (the Flex Template image installs it)
-        "gcp": ["apache-beam[gcp]>=2.60,<3"],
+        "gcp": ["apache-beam[gcp]>=2.62,<2.78"],
         # the tests cover Pub/Sub (emulator) and the Dataflow template too
         # (pytest-xdist: the suite runs its files on every core, ``-n auto --dist loadfile``)
-        "test": ["pytest>=7", "pytest-xdist>=3.5", "gcp-storage-emulator>=2026.7.18", "apache-beam[gcp]>=2.60,<3"],
+        "test": ["pytest>=7", "pytest-xdist>=3.5", "gcp-storage-emulator>=2026.7.18", "apache-beam[gcp]>=2.62,<2.78"],
         # kvldp bench --sweep --kernels: the peer LDP libraries, timed next to kvldp
         "bench": ["pure-ldp==1.2.0", "multi-freq-ldpy==0.2.5", "scikit-learn", "statsmodels"],   # pure-LDP imports both
     },
-    entry_points={"console_scripts": ["kvldp = kvldp.pipelines.cli:main"]},
+    entry_points={"console_scripts": ["kvldp = kvldp.runtime.start:main"]},
 )

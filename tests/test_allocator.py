@@ -31,7 +31,8 @@ pytestmark = pytest.mark.skipif(not _glibc(), reason="the arena and trim setting
 PROBE = textwrap.dedent("""
     import sys, threading
     if sys.argv[1] == "kvldp":
-        import kvldp.pipelines            # what the kvldp command imports first
+        from kvldp.runtime import process
+        process.set_up(frozenset({"heap"}))   # what the kvldp command's start does for a local job
     import numpy as np
 
     def rss_mb():
@@ -69,8 +70,7 @@ PROBE = textwrap.dedent("""
     first.join()
     before = rss_mb()
     if sys.argv[1] == "kvldp":
-        from kvldp.pipelines.allocator import release_freed_memory
-        release_freed_memory()
+        process.release_freed_memory()
     print(grown, before - rss_mb())
 """)
 
@@ -83,7 +83,7 @@ def _probe(mode: str) -> tuple[int, int]:
 
 
 def test_a_thread_reuses_what_another_freed():
-    """Importing ``kvldp.pipelines`` puts every thread on one arena: a
+    """The command's heap set-up (tweak ``heap``) puts every thread on one arena: a
     second worker's 200 MB reuse the 200 MB the first one freed."""
     grown, _ = _probe("kvldp")
     assert grown < 50, f"RSS grew {grown} MB for memory another thread had freed"
@@ -104,7 +104,8 @@ def test_release_hands_the_freed_heap_back():
 FAULTS = textwrap.dedent("""
     import resource, sys
     if sys.argv[1] == "kvldp":
-        import kvldp.pipelines
+        from kvldp.runtime import process
+        process.set_up(frozenset({"heap"}))
     import numpy as np
 
     def batch():                      # a batch's temporaries: three 0.4 MB arrays, made and freed together
@@ -127,7 +128,7 @@ def _page_faults(mode: str) -> int:
 
 
 def test_a_batchs_temporaries_stay_in_the_heap():
-    """Importing ``kvldp.pipelines`` pins glibc's thresholds: 100 batches
+    """The command's heap set-up pins glibc's thresholds: 100 batches
     of temporaries reuse the heap's pages (a fault each would be ~2.6 us,
     zero-filled by the kernel while the thread holds the GIL)."""
     assert _page_faults("kvldp") < 100

@@ -12,7 +12,7 @@ import apache_beam as beam
 from apache_beam.transforms import core
 
 from graph_dofns import kvldp_dofns
-from kvldp.transforms import argspecs
+from kvldp.runtime import argspecs
 
 _METHODS = ("process", "start_bundle", "finish_bundle", "setup", "teardown", "process_batch")
 
@@ -30,8 +30,11 @@ def _methods(fn):
             yield getattr(type(fn), name)          # the function itself: self is an argument
 
 
-def test_beams_callers_ask_the_memo():
-    assert core.get_function_args_defaults is argspecs.get_function_args_defaults
+def test_beams_callers_ask_the_memo_only_while_it_is_applied():
+    assert core.get_function_args_defaults is argspecs._original
+    with argspecs.SWAP.applied():
+        assert core.get_function_args_defaults is argspecs.get_function_args_defaults
+    assert core.get_function_args_defaults is argspecs._original
 
 
 def test_every_method_of_kvldps_dofns_gets_beams_answer(tmp_path):

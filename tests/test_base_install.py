@@ -35,8 +35,8 @@ PROBE = textwrap.dedent("""
             return None
 
     sys.meta_path.insert(0, BaseInstall())
-    from kvldp.pipelines import cli
-    sys.exit(cli.main(sys.argv[1:]))
+    from kvldp.runtime.start import main      # the kvldp command
+    sys.exit(main(sys.argv[1:]))
 """).format(blocked=EXTRA_ONLY)
 
 
@@ -59,7 +59,7 @@ def test_the_probe_really_hides_the_extra():
              "print(any(m.split('.')[0] == 'apitools' or m.startswith('google.cloud.bigquery') for m in sys.modules),"
              " type(FileSystems.get_filesystem('gs://bucket/x')).__name__)\n")
     plain = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
-    probe = PROBE.split("from kvldp.pipelines import cli")[0] + check
+    probe = PROBE.split("from kvldp.runtime.start import main")[0] + check
     hidden = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert plain.stdout.split() == ["True", "GCSFileSystem"]
     assert hidden.stdout.split() == ["False", "GCSFileSystem"]

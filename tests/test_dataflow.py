@@ -12,10 +12,9 @@ from pathlib import Path
 
 import apache_beam as beam
 import pytest
-from google.cloud.dataflow_v1beta3 import TemplateMetadata
 
 from kvldp.pipelines import cli, split, template
-from kvldp.pipelines.flags import beam_parser, option_strings
+from kvldp.runtime import beam_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 OFFLINE = ["--runner", "DataflowRunner", "--dry_run=True", "--no_auth", "--project", "kvldp-offline",
@@ -24,11 +23,13 @@ OFFLINE = ["--runner", "DataflowRunner", "--dry_run=True", "--no_auth", "--proje
 
 @pytest.mark.parametrize("command", sorted(template.TEMPLATES))
 def test_flex_template_metadata_is_valid(command):
+    # the Dataflow API's client: in apache-beam[gcp] since 2.6x (not in 2.62's)
+    TemplateMetadata = pytest.importorskip("google.cloud.dataflow_v1beta3").TemplateMetadata  # noqa: N806
     text = (ROOT / "deploy" / "dataflow" / template.TEMPLATES[command][0]).read_text()
     parsed = TemplateMetadata.from_json(text, ignore_unknown_fields=False)    # unknown or mistyped keys raise
     assert parsed.name and parsed.description
     assert parsed.streaming == (command == "stream")
-    beam_options = {s.lstrip("-").replace("-", "_") for s in option_strings(beam_parser())}
+    beam_options = {s.lstrip("-").replace("-", "_") for s in beam_flags.flags()}
     names = [p.name for p in parsed.parameters]
     assert len(names) == len(set(names))
     for p in parsed.parameters:

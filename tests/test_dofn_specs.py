@@ -9,7 +9,7 @@ from apache_beam.transforms import userstate
 from apache_beam.transforms.timeutil import TimeDomain
 
 from graph_dofns import kvldp_dofns
-from kvldp.transforms import dofn_specs
+from kvldp.runtime import dofn_specs
 
 COUNT = userstate.BagStateSpec("count", VarIntCoder())
 TIMER = userstate.TimerSpec("flush", TimeDomain.WATERMARK)
@@ -56,9 +56,12 @@ def _same(dofn) -> bool:
     return dofn_specs.get_dofn_specs(dofn) == dofn_specs._original(dofn)
 
 
-def test_beam_asks_the_memo():
-    assert userstate.get_dofn_specs is dofn_specs.get_dofn_specs
-    assert userstate.is_stateful_dofn(_Stateful()) and not userstate.is_stateful_dofn(_Plain())
+def test_beam_asks_the_memo_only_while_it_is_applied():
+    assert userstate.get_dofn_specs is dofn_specs._original
+    with dofn_specs.SWAP.applied():
+        assert userstate.get_dofn_specs is dofn_specs.get_dofn_specs
+        assert userstate.is_stateful_dofn(_Stateful()) and not userstate.is_stateful_dofn(_Plain())
+    assert userstate.get_dofn_specs is dofn_specs._original
 
 
 def test_every_dofn_of_kvldps_graphs_gets_beams_answer(tmp_path):

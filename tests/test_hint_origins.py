@@ -12,7 +12,7 @@ from apache_beam.testing import test_pipeline
 from apache_beam.typehints import decorators
 from apache_beam.typehints.decorators import IOTypeHints
 
-from kvldp.transforms import hint_origins
+from kvldp.runtime import hint_origins
 
 _FRAME = re.compile(r'^\s*File "')
 _STRUCTURE = {"", "based on:", "and:"}
@@ -26,14 +26,17 @@ def _both(monkeypatch):
     """``_declared()``'s hints made by kvldp's ``_make_origin`` and by
     Beam's, from the same line."""
     made = []
-    for implementation in (decorators.IOTypeHints.__dict__["_make_origin"], hint_origins._beams):
+    for implementation in (classmethod(hint_origins._make_origin), hint_origins._beams):
         monkeypatch.setattr(decorators.IOTypeHints, "_make_origin", implementation)
         made.append(_declared())
     return made
 
 
-def test_installed_with_kvldp_transforms():
-    assert decorators.IOTypeHints.__dict__["_make_origin"].__func__ is hint_origins._make_origin
+def test_applied_only_while_a_tuned_job_runs():
+    assert decorators.IOTypeHints.__dict__["_make_origin"] is hint_origins._beams
+    with hint_origins.SWAP.applied():
+        assert decorators.IOTypeHints.__dict__["_make_origin"].__func__ is hint_origins._make_origin
+    assert decorators.IOTypeHints.__dict__["_make_origin"] is hint_origins._beams
 
 
 def test_origin_names_beams_frames_without_their_source_lines(monkeypatch):
@@ -65,7 +68,7 @@ def test_type_violation_still_points_at_the_declaration():
     p = test_pipeline.TestPipeline()
     side = beam.pvalue.AsSingleton(p | "Side" >> beam.Create([1]).with_output_types(int))
     main = p | beam.Create([1]).with_output_types(int)
-    with pytest.raises(Exception, match="Type hint violation") as error:
+    with hint_origins.SWAP.applied(), pytest.raises(Exception, match="Type hint violation") as error:
         _ = main | declared_side_input_type(side)
     assert re.search(rf'File "{re.escape(__file__)}", line \d+, in declared_side_input_type', str(error.value))
 
@@ -74,6 +77,4 @@ def test_a_beam_with_another_make_origin_keeps_its_own(monkeypatch):
     def other(cls, bases, tb=True, msg=(), extra=None):
         return []
     monkeypatch.setattr(hint_origins, "_beams", classmethod(other))
-    monkeypatch.setattr(decorators.IOTypeHints, "_make_origin", classmethod(other))
-    hint_origins.install()
-    assert decorators.IOTypeHints.__dict__["_make_origin"].__func__ is other
+    assert not hint_origins._installable()        # so its SWAP replaces nothing

@@ -76,6 +76,15 @@ def test_no_module_cycle():
             visit(m)
 
 
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("kvldp.runtime.")))
+def test_the_runtime_room_imports_nothing_of_kvldp_but_itself(module):
+    """The runtime room (the local runner and the process it runs in) sits
+    under every layer: only the command's start (``runtime.start``) reaches
+    up, to the CLI it starts."""
+    outside = sorted(n for n in GRAPH[module] if not n.startswith("kvldp.runtime"))
+    assert outside == ([] if module != "kvldp.runtime.start" else ["kvldp.pipelines.cli"]), outside
+
+
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) >= 0))
 def test_layers_import_downwards_only(module):
     upward = sorted(n for n in GRAPH[module] if layer(n) > layer(module))

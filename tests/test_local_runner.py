@@ -1,7 +1,9 @@
-"""The local runner (``kvldp/pipelines/local_runner.py``): a one-element stage
+"""The local runner (``kvldp/runtime/local_runner.py``): a one-element stage
 runs on one worker, a stage with work for both on both, and the output is
 Beam's; in-process jobs pickle with zlib and every payload still loads, and
-build their bundle processors without Beam's two threads."""
+build their bundle processors without Beam's two threads; Beam's own
+functions are back once a job ends, and with ``KVLDP_STOCK_BEAM=1`` a job
+runs on Beam's own runner."""
 from __future__ import annotations
 
 import threading
@@ -9,10 +11,13 @@ import threading
 import apache_beam as beam
 import pytest
 from apache_beam.internal import pickler
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
 
-from kvldp.pipelines import local_runner, runner
+from kvldp.pipelines import runner
+from kvldp.runtime import bundle_setup, local_runner, pickles, tweaks
+from kvldp.runtime.options import JobOptions
 
 _SETUPS: dict[str, set[int]] = {}
 _LOCK = threading.Lock()
@@ -40,10 +45,14 @@ def _graph(p):
     return one, total
 
 
-@pytest.mark.parametrize("make_runner, one_stage_workers", [(local_runner.LocalRunner, 1), (FnApiRunner, 2)])
+ALL = frozenset(tweaks.TWEAK_NAMES)
+
+
+@pytest.mark.parametrize("make_runner, one_stage_workers", [(lambda: local_runner.LocalRunner(ALL), 1),
+                                                            (FnApiRunner, 2)])
 def test_one_element_stages_run_on_one_worker_and_outputs_are_beams(make_runner, one_stage_workers):
     _SETUPS.clear()
-    options = runner.JobOptions(["--direct_num_workers=2", "--direct_running_mode=in_memory"])
+    options = JobOptions(["--direct_num_workers=2", "--direct_running_mode=in_memory"])
     with beam.Pipeline(runner=make_runner(), options=options) as p:
         one, total = _graph(p)
         assert_that(one, equal_to([7]), label="OneIsKept")
@@ -59,14 +68,14 @@ def _empty_graph(p):
     return nothing | "EmptyStage" >> beam.ParDo(_RecordWorkers("empty"))
 
 
-@pytest.mark.parametrize("make_runner, workers", [(local_runner.LocalRunner, 0), (FnApiRunner, 2)])
+@pytest.mark.parametrize("make_runner, workers", [(lambda: local_runner.LocalRunner(ALL), 0), (FnApiRunner, 2)])
 @pytest.mark.parametrize("count", [1, 2])
 def test_a_stage_without_input_does_not_run(make_runner, workers, count):
     """Beam runs such a stage anyway (on every worker); the local runner
     does not, and what comes out is the same: nothing, and a side input of it
     is empty."""
     _SETUPS.clear()
-    options = runner.JobOptions([f"--direct_num_workers={count}", "--direct_running_mode=in_memory"])
+    options = JobOptions([f"--direct_num_workers={count}", "--direct_running_mode=in_memory"])
     with beam.Pipeline(runner=make_runner(), options=options) as p:
         empty = _empty_graph(p)
         assert_that(empty, equal_to([]), label="NothingOut")
@@ -75,27 +84,43 @@ def test_a_stage_without_input_does_not_run(make_runner, workers, count):
     assert len(_SETUPS.get("empty", ())) == min(workers, count)
 
 
-def test_the_cli_pipeline_runs_on_the_local_runner():
+def test_the_cli_pipeline_runs_on_the_local_runner_and_on_beams_own_when_stock(monkeypatch, caplog):
     assert isinstance(runner.make_pipeline([]).runner, local_runner.LocalRunner)
+    monkeypatch.setenv(tweaks.STOCK_ENV, "1")
+    with caplog.at_level("INFO", logger="kvldp.runtime"):
+        stock = runner.make_pipeline([])
+    assert type(stock.runner) is FnApiRunner and type(stock.options) is PipelineOptions
+    assert any("stock Beam" in r.getMessage() and tweaks.STOCK_ENV in r.getMessage() for r in caplog.records) or \
+        tweaks.STOCK_ENV + "=1" in tweaks._noted
+
+
+def test_a_beam_release_outside_the_tested_set_runs_stock(monkeypatch):
+    monkeypatch.setattr(tweaks, "beam_version", lambda: "2.999.0")
+    assert tweaks.active() == {t.name for t in tweaks.TWEAKS if not t.tested}
+    assert "not a release" in tweaks.stock_reason()
+    assert type(runner.make_pipeline([]).runner) is FnApiRunner
 
 
 class _PickleInside(beam.DoFn):
     def process(self, element):
-        yield local_runner.is_zlib_payload(pickler.dumps(element))
+        yield pickles.is_zlib_payload(pickler.dumps(element))
 
 
 def test_in_process_jobs_pickle_with_zlib_and_everything_loads():
-    assert not local_runner.is_zlib_payload(pickler.dumps({"a": 1}))       # outside a job: Beam's bz2
+    assert not pickles.is_zlib_payload(pickler.dumps({"a": 1}))       # outside a job: Beam's bz2
     with runner.make_pipeline([]) as p:
         inside = p | beam.Create([1, 2]) | beam.ParDo(_PickleInside())
         assert_that(inside, equal_to([True, True]))
-    assert not local_runner.is_zlib_payload(pickler.dumps({"a": 1}))       # and after it
-    with local_runner.in_process_job():
+    assert not pickles.is_zlib_payload(pickler.dumps({"a": 1}))       # and after it
+    assert pickler.dumps is pickles._beam_dumps and pickler.loads is pickles._beam_loads
+    with pickles.SWAP.applied():
         zlib_payload = pickler.dumps({"a": 1})
     bz2_payload = pickler.dumps({"a": 1})
-    assert local_runner.is_zlib_payload(zlib_payload) and not local_runner.is_zlib_payload(bz2_payload)
-    assert pickler.loads(zlib_payload) == pickler.loads(bz2_payload) == {"a": 1}
-    assert pickler.loads(zlib_payload.decode()) == {"a": 1}                 # str payloads, as protos carry them
+    assert pickles.is_zlib_payload(zlib_payload) and not pickles.is_zlib_payload(bz2_payload)
+    with pickles.SWAP.applied():                # during a job either codec loads
+        assert pickler.loads(zlib_payload) == pickler.loads(bz2_payload) == {"a": 1}
+        assert pickler.loads(zlib_payload.decode()) == {"a": 1}             # str payloads, as protos carry them
+    assert pickler.loads(bz2_payload) == {"a": 1}
 
 
 _BUILT_ON: list[str] = []
@@ -130,8 +155,8 @@ def test_in_process_bundles_build_on_the_workers_thread_with_a_step_tracker_and_
     workers = [name for name in _BUILT_ON if name != threading.current_thread().name]   # not the graph's roundtrip
     assert workers and not any(name.startswith("ExecutionTreeCreator") for name in workers), workers
     from apache_beam.runners.worker import bundle_processor, statesampler
-    assert statesampler.StateSampler is local_runner._BeamStateSampler
-    assert bundle_processor.concurrent is local_runner._beams_concurrent
+    assert statesampler.StateSampler is not bundle_setup.StepTracker
+    assert getattr(bundle_processor, "concurrent", None) is not bundle_setup._inline_concurrent
     assert statesampler.StateSampler("x", None).sampling_period_ms == 200
 
 
@@ -142,11 +167,13 @@ def test_beams_runner_builds_on_its_thread_with_its_sampler():
     with beam.Pipeline(runner=FnApiRunner()) as p:
         kinds = p | beam.Create([1]) | beam.ParDo(_BuildAndStepTracker())
         assert_that(kinds, equal_to(["StateSampler"]))
-    assert any(name.startswith("ExecutionTreeCreator") for name in _BUILT_ON), _BUILT_ON
+    from apache_beam.runners.worker import bundle_processor
+    if hasattr(bundle_processor, "concurrent"):       # Beam 2.7x builds the tree on a thread of its own (2.62 not)
+        assert any(name.startswith("ExecutionTreeCreator") for name in _BUILT_ON), _BUILT_ON
 
 
 def test_the_inline_executor_returns_or_raises_as_a_thread_would():
-    with local_runner._InlineExecutor(max_workers=1, thread_name_prefix="x") as executor:
+    with bundle_setup._InlineExecutor(max_workers=1, thread_name_prefix="x") as executor:
         assert executor.submit(lambda a, b=0: a + b, 2, b=3).result(timeout=1) == 5
         failed = executor.submit(lambda: 1 / 0)
     with pytest.raises(ZeroDivisionError):
@@ -156,64 +183,8 @@ def test_the_inline_executor_returns_or_raises_as_a_thread_would():
 def test_subprocess_workers_keep_beams_codec(monkeypatch):
     seen = []
     monkeypatch.setattr(FnApiRunner, "run_pipeline",
-                        lambda self, pipeline, options: seen.append(local_runner._in_process_jobs[0]))
-    for mode, expected in (("multi_processing", 0), ("in_memory", 1), ("multi_threading", 1)):
-        options = runner.JobOptions([f"--direct_running_mode={mode}"])
-        local_runner.LocalRunner().run_pipeline(None, options)
+                        lambda self, pipeline, options: seen.append(pickles.SWAP.in_use))
+    for mode, expected in (("multi_processing", False), ("in_memory", True), ("multi_threading", True)):
+        options = JobOptions([f"--direct_running_mode={mode}"])
+        local_runner.LocalRunner(ALL).run_pipeline(None, options)
         assert seen.pop() == expected, mode
-
-
-def _sized_values():
-    import types as pytypes
-
-    import numpy as np
-
-    from kvldp.mechanisms.protocol import ProtocolState
-    fresh = pytypes.ModuleType("kvldp_test_fresh_module")
-    fresh.table = list(range(1000))
-    return [
-        [ProtocolState(1, np.arange(100.0), False, 0.5, None)],
-        [("spec", i, np.zeros(8)) for i in range(20)],
-        {"a": [1, 2.0, "three"], "b": (None, b"x" * 100)},
-        [np.arange(10_000), _sized_values, vars(np)],       # a function and a module's globals: not counted
-        [fresh, vars(fresh)],
-        [],
-    ], fresh
-
-
-def test_side_inputs_weigh_what_beam_weighs_and_new_modules_count_as_loaded():
-    import sys
-
-    values, fresh = _sized_values()
-    for value in values:
-        assert local_runner._deep_size(value) == local_runner._beams_deep_size(value), value
-    before = local_runner._deep_size(values[4])
-    sys.modules[fresh.__name__] = fresh          # now loaded: its globals are excluded, as Beam's function does
-    try:
-        assert local_runner._deep_size(values[4]) == local_runner._beams_deep_size(values[4]) < before
-    finally:
-        del sys.modules[fresh.__name__]
-    assert local_runner._deep_size(values[4]) == before
-    assert local_runner._excluded_ids() is local_runner._excluded_ids()    # listed once
-
-
-def test_an_in_process_job_weighs_side_inputs_with_the_listed_globals():
-    from apache_beam.runners.worker import statecache
-    p = runner.make_pipeline([])
-    side = p | "Side" >> beam.Create([5])
-    out = p | beam.Create([1, 2]) | beam.Map(lambda x, s: x + s, beam.pvalue.AsSingleton(side))
-    assert_that(out, equal_to([6, 7]))
-    sized = []
-    original = local_runner._excluded_ids
-
-    def counted():
-        sized.append(1)
-        return original()
-
-    local_runner._excluded_ids = counted
-    try:
-        p.run().wait_until_finish()
-    finally:
-        local_runner._excluded_ids = original
-    assert sized                                     # the side input was weighed by ``_deep_size``
-    assert statecache.get_deep_size is local_runner._beams_deep_size

@@ -15,15 +15,24 @@ from ports import free_port
 SIM = ["simulate", "--mechanism", "pckv-ue", "--epsilon", "2", "--users", "1000", "--keys", "5"]
 
 
+@pytest.fixture
+def tested_sdk(monkeypatch):
+    """The installed SDK as if it were the tested one (the default suite runs
+    the newest Beam; the Flink pair is 2.62's): the checks after the SDK's."""
+    pair = portable.TESTED[0]
+    monkeypatch.setattr(portable, "TESTED", (portable.TestedPair(portable.sdk_line(), pair.runner,
+                                                                 pair.runner_version, pair.flink),))
 
-def test_flink_runner_without_a_job_server_jar_is_refused_with_the_way_that_works(capsys):
+
+
+def test_flink_runner_without_a_job_server_jar_is_refused_with_the_way_that_works(capsys, tested_sdk):
     assert cli.main([*SIM, "--runner", "FlinkRunner", "--flink_master", "localhost:8081"]) == 2
     err = capsys.readouterr().err
     assert "Maven Central does not publish" in err and "deploy/flink/flink.sh job-server" in err
     assert "Traceback" not in err
 
 
-def test_a_job_endpoint_nobody_answers_is_an_error_not_a_hang(monkeypatch, capsys):
+def test_a_job_endpoint_nobody_answers_is_an_error_not_a_hang(monkeypatch, capsys, tested_sdk):
     monkeypatch.setattr(portable, "PROBE_TIMEOUT_S", 1.0)
     port = free_port()
     assert cli.main([*SIM, "--runner", "PortableRunner", "--job_endpoint", f"localhost:{port}"]) == 2
@@ -39,7 +48,7 @@ class _SparkLikeJobService(beam_job_api_pb2_grpc.JobServiceServicer):
         return beam_job_api_pb2.DescribePipelineOptionsResponse(options=[option])
 
 
-def test_a_job_server_of_another_runner_is_refused(capsys, monkeypatch):
+def test_a_job_server_of_another_runner_is_refused(capsys, monkeypatch, tested_sdk):
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     beam_job_api_pb2_grpc.add_JobServiceServicer_to_server(_SparkLikeJobService(), server)
     port = server.add_insecure_port("localhost:0")

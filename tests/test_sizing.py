@@ -67,7 +67,7 @@ def test_the_readme_clothing_cell_stays_within_its_budget(tmp_path):
     """PCKV-UE on Clothing at eps 0.5 (d = 5,850, l = 2): 10.5 GB peak with
     50,000-user batches before; now within the default budget of 1 GiB."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    subprocess.run([sys.executable, "-m", "kvldp.pipelines.cli", "simulate", "--mechanism", "pckv-ue",
+    subprocess.run([sys.executable, "-m", "kvldp", "simulate", "--mechanism", "pckv-ue",
                     "--epsilon", "0.5", "--dataset", "clothing", "--seed", "1", "--output", str(tmp_path / "e.jsonl")],
                    check=True, capture_output=True)
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss

@@ -135,7 +135,7 @@ def _kill_session(sid: int):
 
 
 def kvldp(*args: str) -> list[str]:
-    return [sys.executable, "-m", "kvldp.pipelines.cli", *args, *BEAM_ARGS]
+    return [sys.executable, "-m", "kvldp", *args, *BEAM_ARGS]
 
 
 def _digest(*paths: Path) -> str:

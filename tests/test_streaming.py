@@ -209,7 +209,7 @@ def test_sigint_drains_early_panes_and_exits_0(pubsub, tmp_path):  # noqa: F811
     topic, sub = pubsub.topic_and_subscription("sigint")
     files = perturb(tmp_path, "reports", mechanism, eps, users=3_000, batch=100)
     env = {**os.environ, "PUBSUB_EMULATOR_HOST": pubsub.host}
-    argv = [sys.executable, "-m", "kvldp.pipelines.cli", *stream_argv(mechanism, eps, sub, tmp_path, 3600.0,
+    argv = [sys.executable, "-m", "kvldp", *stream_argv(mechanism, eps, sub, tmp_path, 3600.0,
                                                                        "--early-every", "1s")]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

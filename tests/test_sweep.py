@@ -93,7 +93,7 @@ def alive(pid: int) -> bool:
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_sweep_within_5_s_and_leaves_no_worker(tmp_path, signum):
     out = tmp_path / "ev"
-    argv = [sys.executable, "-m", "kvldp.pipelines.cli", "evaluate", "--mechanisms", "pckv-ue",
+    argv = [sys.executable, "-m", "kvldp", "evaluate", "--mechanisms", "pckv-ue",
             "--epsilons", "1,2,3,4", "--repeats", "1", "--users", "3000000", "--keys", "100", "--parallel", "2",
             "--seed", "1", "--out", str(out)]
     job = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -10,7 +10,7 @@ import apache_beam as beam
 from apache_beam.transforms import core
 
 from graph_dofns import kvldp_dofns
-from kvldp.transforms import yield_check
+from kvldp.runtime import yield_check
 
 
 class _YieldsAndReturns(beam.DoFn):
@@ -25,8 +25,11 @@ class _Yields(beam.DoFn):
         yield element
 
 
-def test_par_do_asks_the_memo():
-    assert core._check_fn_use_yield_and_return is yield_check.uses_yield_and_return
+def test_par_do_asks_the_memo_only_while_it_is_applied():
+    assert core._check_fn_use_yield_and_return is yield_check._original
+    with yield_check.SWAP.applied():
+        assert core._check_fn_use_yield_and_return is yield_check.uses_yield_and_return
+    assert core._check_fn_use_yield_and_return is yield_check._original
 
 
 def test_every_dofn_of_kvldps_graphs_gets_beams_answer(tmp_path):
@@ -40,7 +43,7 @@ def test_every_dofn_of_kvldps_graphs_gets_beams_answer(tmp_path):
 
 
 def test_par_do_still_warns_for_every_dofn_that_yields_and_returns(caplog):
-    with caplog.at_level(logging.WARNING, logger=core.__name__):
+    with yield_check.SWAP.applied(), caplog.at_level(logging.WARNING, logger=core.__name__):
         beam.ParDo(_YieldsAndReturns())
         beam.ParDo(_YieldsAndReturns())
         beam.ParDo(_Yields())
@@ -52,9 +55,10 @@ def test_the_source_is_read_once_per_function(monkeypatch):
     calls, beams = [], yield_check._original
     monkeypatch.setattr(yield_check, "_answers", {})
     monkeypatch.setattr(yield_check, "_original", lambda fn: calls.append(fn) or beams(fn))
-    for _ in range(3):
-        beam.ParDo(_Yields())
-        beam.Map(lambda x: x)       # CallableWrapperDoFn: one wrapper function for every Map
+    with yield_check.SWAP.applied():
+        for _ in range(3):
+            beam.ParDo(_Yields())
+            beam.Map(lambda x: x)       # CallableWrapperDoFn: one wrapper function for every Map
     assert len(calls) == 2
     # no code object (a partial): asked every time
     partial = functools.partial(lambda x, y: x, y=1)

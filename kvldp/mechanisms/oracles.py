@@ -112,7 +112,7 @@ def skip_items(slots: np.ndarray, items: np.ndarray, width: int):
     encoding 2.4x slower than its random draws (IOH-SUE, 3^10 cells: ~20M
     slots a batch), and a step array of them all is one more 160 MB array
     that the kernel maps and zero-fills afresh for every batch (above glibc's
-    32 MiB mmap threshold: ``pipelines/allocator.py``). With fewer than
+    32 MiB mmap threshold: ``runtime/process.py``). With fewer than
     ``DIVMOD_BELOW`` slots a user the boundaries' sort costs more than the
     divmod (IOH-OUE at 27 cells: 5.7 ms a batch against 0.3), which then
     does it (``_skip_items_by_divmod``; the same result)."""

@@ -159,7 +159,7 @@ def peers(sizes=(100_000, 1_000_000), d: int = 100, eps: float = 4.0, seed: int 
         for n in sizes:
             # raw: the paper's estimator, what the peers output; the default adds empirical-Bayes post-processing
             for method in ("raw", "eb+shrink"):
-                seconds, error = timed_command([sys.executable, "-m", "kvldp.pipelines.cli", "simulate",
+                seconds, error = timed_command([sys.executable, "-m", "kvldp", "simulate",
                                                 "--mechanism", mechanism, "--epsilon", f"{eps:g}", "--users", str(n),
                                                 "--keys", str(d), "--seed", str(seed), "--postprocess", method,
                                                 "--output", f"{scratch}/e.jsonl"], repeats=repeats)

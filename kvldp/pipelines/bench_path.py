@@ -17,11 +17,14 @@ import resource
 import sys
 import time
 
-import numpy as np
-
 
 def main(argv: list[str]) -> dict:
     path, name, users, keys, seed, out, *options = argv
+    # set up as the ``kvldp`` command's start does for a local job (``runtime.start``): before any import
+    # that starts threads
+    from kvldp.runtime import process, tweaks
+    tuning = tweaks.active()
+    process.set_up(tuning)
     from kvldp.pipelines.mechanism_args import MechanismConfig
     from kvldp.pipelines.sources import DataConfig, Seeds, built_in_dataset
 
@@ -41,19 +44,21 @@ def main(argv: list[str]) -> dict:
     # imported before the clock starts (as the docstring says: imports excluded)
     from kvldp.mechanisms.local import run_local
     from kvldp.mechanisms.randomness import noise_generator_name
-    from kvldp.pipelines.allocator import settle_imports
     from kvldp.pipelines.bench import beam_frequencies
+    from kvldp.runtime.local_runner import tuned
     # the noise generators' module (randomgen) is imported by the first batch
     # otherwise: ~15 ms on either path, which at 10^6 users is a third of a
     # NumPy run and would count an import as the run's work
     noise_generator_name(seeds.perturb)
-    settle_imports()        # as ``kvldp``'s main does
+    import numpy as np
+    process.settle(tuning)
     phases: dict = {}
     start = time.perf_counter()
     if path == "numpy":
         frequency = run_local(mechanism, dataset, seeds.perturb, data.sized_batch).estimates.frequency
     else:
-        frequency = beam_frequencies(data, [], dataset, mechanism, seeds.perturb, phases)
+        with tuned(True):
+            frequency = beam_frequencies(data, [], dataset, mechanism, seeds.perturb, phases)
     seconds = time.perf_counter() - start
     np.save(out, np.asarray(frequency, dtype=np.float64))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 from kvldp.pipelines import (
     advise,
-    allocator,
     bench,
     evaluate,
     failures,
@@ -25,6 +24,7 @@ from kvldp.pipelines import (
     stream,
 )
 from kvldp.pipelines.flags import check_beam_args
+from kvldp.runtime import local_runner, tweaks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,14 +91,31 @@ def subcommand_parser(top: argparse.ArgumentParser, command: str) -> argparse.Ar
     return subparsers.choices[command]
 
 
-def main(argv=None) -> int:
-    allocator.settle_imports()      # everything is imported: full collections skip it from here on
+def set_up_logging() -> None:
+    """What the command prints of Beam's logs (warnings, one line per failed
+    element: ``failures``) and of kvldp's notes (``kvldp.*`` at INFO, e.g.
+    that a job runs on stock Beam)."""
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    logging.getLogger(runner.InMemoryWorkersNotice.LOGGER).addFilter(runner.InMemoryWorkersNotice())
     failures.quiet_worker_tracebacks()
+    ours = logging.getLogger("kvldp")
+    if not ours.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
+
+
+def main(argv=None) -> int:
+    """The command (the console script enters through ``runtime.start``,
+    which sets the process up first)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    set_up_logging()
     top = parser()
     args, beam_args = top.parse_known_args(argv)
     try:
-        with runner.scratch_scope():
+        with runner.scratch_scope(), local_runner.tuned(tweaks.runs_locally(argv)):
             COMMANDS[args.command].run(config_from_args(top, args, beam_args), beam_args)
     except runner.DryRunFinished as done:
         print(done)

@@ -10,15 +10,12 @@ mechanisms declare must mean one thing: the same declaration
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import difflib
-import importlib
-
-from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.params import AUTO, check_value, describe, flag_name, range_text
+from kvldp.runtime import beam_flags
 
 
 @dataclasses.dataclass
@@ -123,27 +120,6 @@ def add_job_flags(group, options_type) -> list[str]:
     return added
 
 
-# Modules outside pipeline_options that define options of their runners: a
-# runner imports its module only when it is built, after this check.
-RUNNER_OPTION_MODULES = ("apache_beam.runners.render", "apache_beam.yaml.options",
-                         "apache_beam.runners.dask.dask_runner")
-
-
-def beam_parser() -> argparse.ArgumentParser:
-    """Beam's own parser of pipeline options, built as ``PipelineOptions``
-    builds it (every ``PipelineOptions`` subclass adds its flags)."""
-    for module in RUNNER_OPTION_MODULES:
-        with contextlib.suppress(ImportError):      # an optional runner that is not installed
-            importlib.import_module(module)
-    parser = _BeamArgumentParser(allow_abbrev=False)
-    subset = {}
-    for cls in PipelineOptions.__subclasses__():
-        subset.setdefault(str(cls), cls)
-    for cls in subset.values():
-        cls._add_argparse_args(parser)  # what PipelineOptions.get_all_options does
-    return parser
-
-
 def option_strings(parser: argparse.ArgumentParser) -> list[str]:
     return [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
 
@@ -152,15 +128,14 @@ def check_beam_args(beam_args, ours: argparse.ArgumentParser) -> None:
     """Refuse anything in ``beam_args`` (what kvldp's parser left over) that
     Beam does not know either: Beam would only log "Unparseable argument"
     and run with the option silently missing (``--paddng 3`` ran with l = 1)."""
-    beam = beam_parser()
-    _, unknown = beam.parse_known_args(list(beam_args))
+    unknown = beam_flags.unknown(beam_args)
     if not unknown:
         return
     arg = unknown[0]
     name = arg.split("=", 1)[0]
     if not name.startswith("-"):
         raise ValueError(f"unrecognized argument {arg!r}")
-    known = option_strings(ours) + option_strings(beam)
+    known = option_strings(ours) + beam_flags.flags()
     close = difflib.get_close_matches(name, known, n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     raise ValueError(f"unrecognized argument {name}{hint}; run with --help for kvldp's flags, any other --flag "

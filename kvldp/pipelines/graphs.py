@@ -5,7 +5,6 @@ import json
 from collections.abc import Sequence
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.pvalue import AsSingleton
 
 from kvldp import schemas
@@ -17,6 +16,7 @@ from kvldp.mechanisms.truth import truth_counts, truth_from_counts
 from kvldp.schemas.estimate_table import EstimateTable
 from kvldp.schemas.records import ioh_counts_record
 from kvldp.transforms.accumulate import ArraySumCombineFn
+from kvldp.transforms.coders import NDArray
 from kvldp.transforms.global_combine import CombineAll
 from kvldp.transforms.key_names import key_names_arg
 from kvldp.transforms.rounds import CollectRound, RunProtocol
@@ -47,7 +47,7 @@ def to_records(est: Estimates, key_names: Sequence[str], truth=None, keys: Seque
 def truth_sum(users, d: int):
     """``users -> [n, holders[d], value sums[d]]`` summed (simulations only)."""
     return (users
-            | "TruthCounts" >> beam.Map(truth_counts, d).with_output_types(np.ndarray)
+            | "TruthCounts" >> beam.Map(truth_counts, d).with_output_types(NDArray)
             | "SumTruth" >> CombineAll(ArraySumCombineFn(1 + 2 * d)))
 
 

@@ -27,88 +27,55 @@ from apache_beam.options.pipeline_options import (
     StandardOptions,
     TestOptions,
 )
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-from kvldp.pipelines.allocator import release_freed_memory
-from kvldp.pipelines.local_runner import LocalRunner
+from kvldp.runtime import tweaks
+from kvldp.runtime.local_runner import make_runner
+from kvldp.runtime.options import JobOptions
+from kvldp.runtime.process import release_freed_memory
 from kvldp.transforms import tally
 
 SAFE_RUNNING_MODE = "in_memory"
 
 
-class _InMemoryWorkersNotice(logging.Filter):
+class InMemoryWorkersNotice(logging.Filter):
     """Drops Beam's notice that ``in_memory`` with 2 workers has no
     parallelism: its ParallelBundleManager does run the partitions of a stage
     on 2 embedded workers in threads (2 workers measured 1.3x faster than 1,
-    DESIGN.md), so the notice would mislead on every job."""
+    DESIGN.md), so the notice would mislead on every job. The ``kvldp``
+    command installs it at its start (``cli.main``)."""
+
+    LOGGER = "apache_beam.runners.portability.fn_api_runner.fn_runner"
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith("If direct_num_workers is not equal to 1")
-
-
-logging.getLogger("apache_beam.runners.portability.fn_api_runner.fn_runner").addFilter(_InMemoryWorkersNotice())
-
-
-class OptionNames(tuple):
-    """A view's option names, sorted, which a call returns: what Beam's
-    ``PipelineOptions._visible_option_list()`` computes on every attribute
-    read and write of a view (``sorted(dir(namespace))``, ~10 us; ~200 reads
-    in a one-round job, ~950 in PrivKVM+'s ten rounds). A view's names are
-    fixed when it is made: its parsed namespace is never written again (the
-    values live in ``_all_options``)."""
-
-    def __call__(self) -> OptionNames:
-        return self
-
-
-class JobOptions(PipelineOptions):
-    """``PipelineOptions`` whose views are made once per options class.
-
-    Beam calls ``options.view_as(...)`` ~240 times while it builds a kvldp
-    graph and ~100 more to run it, and each call builds an argparse parser
-    and parses the flags again (0.5 ms): half the graph's construction time
-    (0.12 -> 0.05 s) and ~0.05 s of the run, on every job. A view holds no
-    state of its own -- every view reads and writes the one ``_all_options``
-    (Beam's BEAM-6942) -- so the same view object can be handed out again.
-    """
-
-    def view_as(self, cls):
-        views = self.__dict__.setdefault("_views", {})
-        if cls not in views:
-            view = super().view_as(cls)
-            # what Beam's ``_visible_option_list`` returns, kept (``OptionNames``)
-            view.__dict__["_visible_option_list"] = OptionNames(view._visible_option_list())
-            views[cls] = view
-        return views[cls]
-
-    def __getstate__(self):
-        """Beam's state without the views: a copy or an unpickled one makes
-        its own views of its own ``_all_options`` when asked. ``Pipeline``
-        deep-copies its options, and copying the views parsed the flags
-        again for each (2.9 ms of every job with four views; 0.65 ms now)."""
-        state = dict(super().__getstate__())
-        state.pop("_views", None)
-        return state
 
 
 def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
     """A pipeline with every Beam option passed through.
 
     Without ``--runner`` it runs on the in-process FnApiRunner (what
-    DirectRunner falls back to; ``LocalRunner``, its subclass with less
-    fixed cost per stage) so a local batch job never tries to download
-    the Prism binary (DESIGN.md), in ``in_memory`` mode with two workers.
+    DirectRunner falls back to; ``runtime.local_runner.make_runner``: kvldp's
+    ``LocalRunner`` with the tweaks that apply here, else Beam's own) so a
+    local batch job never tries to download the Prism binary (DESIGN.md), in
+    ``in_memory`` mode with two workers.
     ``multi_threading`` (this CLI's default before) flushes its data plane
     from a timer thread in the middle of an element, and the runner then
     decodes half an element: a runaway allocation, ``Unknown type tag``, or
     silently lost batches (``shared/repro/beam_timed_flush.py``). A user who
     asks for it gets it, with a warning.
     """
-    options = JobOptions(list(beam_args))
-    if options.view_as(StandardOptions).runner is not None:
+    options = PipelineOptions(list(beam_args))
+    standard = options.view_as(StandardOptions)
+    if standard.runner is not None:
+        tweaks.note_stock(f"jobs on --runner {standard.runner} run as Beam ships them")
         return beam.Pipeline(options=options)
-    if options.view_as(StandardOptions).streaming:
+    if standard.streaming:
         # unbounded sources (Pub/Sub) need the DirectRunner's streaming mode
+        tweaks.note_stock("a streaming job runs on Beam's DirectRunner as Beam ships it")
         return beam.Pipeline(runner="DirectRunner", options=options)
+    if "option_views" in tweaks.active():
+        options = JobOptions(list(beam_args))
     direct = options.view_as(DirectOptions)
     if not any(a.startswith("--direct_num_workers") for a in beam_args):
         direct.direct_num_workers = min(2, os.cpu_count() or 1)
@@ -118,7 +85,7 @@ def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
         warnings.warn("--direct_running_mode multi_threading can corrupt elements in Beam's local runner "
                       "(a timed flush splits an element: runaway memory, 'Unknown type tag' or lost batches); "
                       f"the default, {SAFE_RUNNING_MODE}, is safe", RuntimeWarning, stacklevel=2)
-    return beam.Pipeline(runner=LocalRunner(), options=options)
+    return beam.Pipeline(runner=make_runner(), options=options)
 
 
 class DryRunFinished(Exception):
@@ -236,7 +203,7 @@ def spill_directory(p: beam.Pipeline) -> str | None:
     a local scratch directory on the in-process runner, whose GroupByKey
     holds its whole input in memory; ``None`` on any other runner, whose
     shuffle spills by itself."""
-    return scratch_path([], "spill") if isinstance(p.runner, LocalRunner) else None
+    return scratch_path([], "spill") if isinstance(p.runner, FnApiRunner) else None
 
 
 @contextlib.contextmanager

@@ -144,7 +144,10 @@ def _jsonl_columns(path: str) -> EstimateRecords | None:
         with contextlib.ExitStack() as stack:
             # a local file: pyarrow reads it itself, outside Python's heap; gs:// etc.: through Beam's file object
             source = stack.enter_context(FileSystems.open(path)) if "://" in path else path
-            return _columns_of_batches(pj.open_json(source, parse_options=options), order, kinds)
+            # pyarrow < 19 has no streaming reader: the whole table, then its blocks
+            batches = (pj.open_json(source, parse_options=options) if hasattr(pj, "open_json")
+                       else pj.read_json(source, parse_options=options).to_batches())
+            return _columns_of_batches(batches, order, kinds)
     except (pa.ArrowException, ValueError, TypeError):
         return None
 

@@ -13,12 +13,12 @@ import numpy as np
 
 from kvldp.mechanisms.base import Estimates
 from kvldp.mechanisms.protocol import Protocol, ProtocolState
-from kvldp.transforms.coders import ArrayPayloadCoder
+from kvldp.transforms.coders import ArrayPayloadCoder, NDArray
 from kvldp.transforms.global_combine import CombineAll, CombineWithoutDefaults
 from kvldp.transforms.perturb import state_arg
 
 
-@beam.typehints.with_output_types(np.ndarray)
+@beam.typehints.with_output_types(NDArray)
 class RoundCombineFn(beam.CombineFn):
     """Round ``round_index``'s reports -> its count array."""
 
@@ -42,7 +42,7 @@ class RoundCombineFn(beam.CombineFn):
         return ArrayPayloadCoder()
 
 
-@beam.typehints.with_output_types(np.ndarray)
+@beam.typehints.with_output_types(NDArray)
 class DrawnCountsCombineFn(RoundCombineFn):
     """Round ``round_index``'s counts drawn per batch (``DrawCountsFn``) -> their sum."""
 
@@ -51,7 +51,7 @@ class DrawnCountsCombineFn(RoundCombineFn):
         return counts
 
 
-@beam.typehints.with_output_types(np.ndarray)
+@beam.typehints.with_output_types(NDArray)
 class ArraySumCombineFn(beam.CombineFn):
     """Element-wise sum of equally long NumPy arrays (truth statistics)."""
 

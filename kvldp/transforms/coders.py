@@ -1,4 +1,7 @@
-"""Coders for kvldp's elements, registered with Beam on import.
+"""Coders for kvldp's elements, registered with Beam on import for kvldp's
+own types only (``NDArray`` and ``ArrowArray`` name the NumPy and Arrow
+arrays kvldp's steps make, so that no other pipeline's ``np.ndarray`` or
+``pa.Array`` changes coder when kvldp is imported).
 
 ``UserBatchCoder``: a compact coder for ``UserBatch``.
 
@@ -27,6 +30,7 @@ only to measure them, which was 0.4 GB of ``simulate``'s peak (issue 17).
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 import pickle
@@ -34,6 +38,7 @@ import struct
 import sys
 
 import numpy as np
+import pyarrow as pa
 from apache_beam import coders
 
 from kvldp.mechanisms.base import Estimates, Reports, UserBatch
@@ -170,6 +175,23 @@ class ArrayPayloadCoder(coders.Coder):
         return hash(type(self))
 
 
+class NDArray(abc.ABC):  # noqa: B024  (a type hint: nothing to implement)
+    """The type hint of a PCollection of NumPy arrays made by kvldp's steps
+    (count arrays, histograms): every ``np.ndarray`` is one (a virtual
+    subclass, so Beam's runtime type check passes), and the hint is kvldp's,
+    so its coder is registered without touching ``np.ndarray``'s."""
+
+
+NDArray.register(np.ndarray)
+
+
+class ArrowArray(abc.ABC):  # noqa: B024
+    """``NDArray``'s counterpart for Arrow arrays (``pa.Array``)."""
+
+
+ArrowArray.register(pa.Array)
+
+
 def register_payload_type(kind: type) -> type:
     """Use ``ArrayPayloadCoder`` wherever a step declares ``kind`` as its output type."""
     coders.registry.register_coder(kind, ArrayPayloadCoder)
@@ -177,6 +199,6 @@ def register_payload_type(kind: type) -> type:
 
 
 # Declared as the output type of the steps that make them (``.with_output_types``).
-PAYLOAD_TYPES = (Reports, ProtocolState, Estimates, EstimateTable, np.ndarray)
+PAYLOAD_TYPES = (Reports, ProtocolState, Estimates, EstimateTable, NDArray, ArrowArray)
 for _type in PAYLOAD_TYPES:
     register_payload_type(_type)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import apache_beam as beam
 from apache_beam.pvalue import AsList
-from apache_beam.transforms.core import _KeyWithNone
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.typehints.typehints import TupleConstraint
 
@@ -69,11 +68,14 @@ class CombineWithoutDefaults(beam.PTransform):
         combine_per_key = beam.CombinePerKey(self._fn)
         if self._fanout:
             combine_per_key = combine_per_key.with_hot_key_fanout(self._fanout)
-        # Beam's own keying DoFn: it translates to a URN, not a pickled DoFn
-        key = beam.ParDo(_KeyWithNone()).with_output_types(beam.typehints.KV[None, pcoll.element_type])
+        key = beam.Map(_key_with_none).with_output_types(beam.typehints.KV[None, pcoll.element_type])
         combined = pcoll | "KeyWithVoid" >> key | "CombinePerKey" >> combine_per_key
         unkey = beam.Map(_value).with_output_types(_value_type(combined.element_type))
         return combined | "UnKey" >> unkey
+
+
+def _key_with_none(value):
+    return None, value
 
 
 def _value(key_value):

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.pvalue import AsSingleton
 
 from kvldp.mechanisms.base import Reports, UserBatch
@@ -20,7 +19,7 @@ from kvldp.mechanisms.ledger import LedgerGate
 from kvldp.mechanisms.protocol import Protocol, ProtocolState
 from kvldp.mechanisms.randomness import batch_rng
 from kvldp.transforms import tally
-from kvldp.transforms.coders import ArrayPayloadCoder  # noqa: F401  (registers the coders)
+from kvldp.transforms.coders import NDArray  # (importing it registers the coders)
 from kvldp.transforms.context import element_context
 
 
@@ -68,7 +67,7 @@ class PerturbFn(beam.DoFn):
         return out.n_reports
 
 
-@beam.typehints.with_output_types(np.ndarray)
+@beam.typehints.with_output_types(NDArray)
 class DrawCountsFn(PerturbFn):
     """``kvldp simulate --draw-counts``: ``UserBatch`` -> the counts its
     round's reports would add up to, drawn from their distribution

@@ -39,7 +39,7 @@ from apache_beam.io.filesystems import FileSystems
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE, UserBatch
 from kvldp.mechanisms.memo import user_uid
 from kvldp.transforms import csv_blocks, tally
-from kvldp.transforms.coders import register_payload_type
+from kvldp.transforms.coders import ArrowArray, NDArray, register_payload_type
 from kvldp.transforms.context import element_context
 from kvldp.transforms.global_combine import CombineAll
 from kvldp.transforms.io import format_of
@@ -140,7 +140,6 @@ class RatingChunk(dict):
 
 
 register_payload_type(RatingChunk)
-register_payload_type(pa.Array)
 
 
 class _Chunk:
@@ -751,9 +750,9 @@ class ScanRatings(beam.PTransform):
                       | "Items" >> SortedDistinctItems())
         sizes = (valid
                  | "CountRows" >> beam.FlatMap(_user_counts_by_shard, self._shards)
-                 .with_output_types(tuple[int, tuple[pa.Array, np.ndarray]])
+                 .with_output_types(tuple[int, tuple[ArrowArray, NDArray]])
                  | "GroupShards" >> SpilledGroupByKey(self._spill)
-                 | "ShardSizes" >> beam.Map(_shard_size_histogram).with_output_types(np.ndarray)
+                 | "ShardSizes" >> beam.Map(_shard_size_histogram).with_output_types(NDArray)
                  | "SumSizes" >> CombineAll(_sum_histograms))
         return {"dictionary": dictionary, "sizes": sizes}
 

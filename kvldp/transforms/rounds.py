@@ -14,7 +14,7 @@ generated dataset's next round takes its batch recipes from it (the recipes
 are a side input, spread over the workers by ``spread.spread``), so after the
 stop every stage of the later rounds has no input at all: no report is made
 and no budget spent, and a runner has nothing to run (the local runner skips
-a stage without input; ``local_runner.py``). Measured at 10^6 users, each
+a stage without input; ``runtime/local_runner.py``). Measured at 10^6 users, each
 of PrivKVM+'s nine rounds after its stop cost ~34 ms of stages (perturb
 ~18, merge ~6, calibrate ~10) when they ran empty.
 
@@ -30,15 +30,16 @@ channel) where making them costs ~0.05 s.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.pvalue import AsList, AsSingleton
 
 from kvldp.mechanisms.base import UserBatch
 from kvldp.mechanisms.protocol import Collection, Protocol, ProtocolState, check_count_draw
 from kvldp.transforms.accumulate import DrawnCountsCombineFn, RoundCombineFn
+from kvldp.transforms.coders import NDArray
 from kvldp.transforms.global_combine import CombineWithoutDefaults, inject_default
 from kvldp.transforms.perturb import DrawCountsFn, PerturbFn
 from kvldp.transforms.spread import Positioned, positioned, spread
@@ -68,6 +69,11 @@ class UserRecipes:
 
 
 FINAL, COUNTS = "final", "counts"
+
+# Whether this Beam types a ParDo's tagged outputs (``with_output_types(main, **tagged)``; 2.62 has the
+# main output's only): without it the tagged outputs are ``Any``, which Beam's fallback coder pickles
+# -- the same values, without ``ArrayPayloadCoder``'s size estimate.
+TYPED_TAGS = "tagged_type_hints" in inspect.signature(beam.PTransform.with_output_types).parameters
 
 # The state a round's clients see once the protocol ended before it: stopped, so they report nothing.
 ENDED = ProtocolState(0, None, True, 0.0, None)
@@ -121,8 +127,9 @@ def calibrate_round(reports, protocol: Protocol, round_index: int, previous, fan
         start = reports.pipeline | "Start" >> beam.Impulse()
         constant = protocol.initial_state() if previous is None else previous
     advance = AdvanceFn(protocol, round_index, combine_fn, constant, split)
-    calibrate = beam.ParDo(advance, AsList(combined)).with_output_types(
-        ProtocolState, **{FINAL: ProtocolState, COUNTS: np.ndarray})
+    calibrate = beam.ParDo(advance, AsList(combined))
+    calibrate = (calibrate.with_output_types(ProtocolState, **{FINAL: ProtocolState, COUNTS: NDArray})
+                 if TYPED_TAGS else calibrate.with_output_types(ProtocolState))
     return start | "Calibrate" >> calibrate.with_outputs(FINAL, COUNTS, main="state")
 
 

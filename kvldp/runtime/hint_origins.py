@@ -19,10 +19,12 @@ message lines before the frames and the origins of the hints it was
 based on after them (Beam's own code makes that part, from the same
 arguments). The line number is what leads to the declaration.
 
-Installed once, when ``kvldp.transforms`` is imported (as ``argspecs``):
-``IOTypeHints._make_origin`` is a classmethod its methods call as
-``self._make_origin(...)``, so the class attribute is what is replaced. A
-Beam whose ``_make_origin`` takes other arguments keeps its own.
+Tweak ``short_hint_origins`` (``tweaks.py``): applied only while a
+command's local job is built and run (``kvldp.runtime.tuned``,
+``LocalRunner``); ``IOTypeHints._make_origin`` is a classmethod its methods
+call as ``self._make_origin(...)``, so the class attribute is what is
+replaced then. A Beam whose ``_make_origin`` takes other arguments keeps
+its own.
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ import inspect
 import sys
 
 from apache_beam.typehints import decorators
+
+from kvldp.runtime.tweaks import Swap
 
 _beams = decorators.IOTypeHints.__dict__.get("_make_origin")
 # the frames between a hint's declaring call and the frame walk: _make_origin and the IOTypeHints method
@@ -64,8 +68,5 @@ def _installable() -> bool:
     return list(inspect.signature(_beams.__func__).parameters)[1:] == ["bases", "tb", "msg"]
 
 
-def install() -> None:
-    """Make hints' origins this way (idempotent; nothing on a Beam that differs)."""
-    if _installable():
-        decorators.IOTypeHints._make_origin = classmethod(_make_origin)
+SWAP = Swap(*([(decorators.IOTypeHints, "_make_origin", classmethod(_make_origin))] if _installable() else []))
 

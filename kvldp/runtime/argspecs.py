@@ -17,9 +17,10 @@ not a plain function or a method bound to one (a builtin, a
 ``functools.partial``, a callable instance) is asked the original way every
 time. Each caller gets lists of its own, as from Beam's function.
 
-Installed once, when ``kvldp.transforms`` is imported (as ``dofn_specs``);
+Tweak ``memo_argspecs`` (``tweaks.py``): applied only while a command's
+local job is built and run (``kvldp.runtime.tuned``, ``LocalRunner``);
 Beam's callers look the function up as a module global of
-``apache_beam.transforms.core``, which is what is replaced.
+``apache_beam.transforms.core``, which is what is replaced then.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ import types
 import weakref
 
 from apache_beam.transforms import core
+
+from kvldp.runtime.tweaks import Swap
 
 _original = core.get_function_args_defaults
 _answers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -47,6 +50,4 @@ def get_function_args_defaults(f) -> tuple[list, list]:
     return list(args), list(defaults)
 
 
-def install() -> None:
-    """Route Beam's callers to the memo (idempotent)."""
-    core.get_function_args_defaults = get_function_args_defaults
+SWAP = Swap((core, "get_function_args_defaults", get_function_args_defaults))

@@ -28,10 +28,11 @@ every time. ``tests/test_dofn_specs.py`` checks the
 memo against Beam's function on every DoFn of kvldp's graphs and on
 stateful, timer and bound-method DoFns.
 
-Installed once, when ``kvldp.transforms`` is imported (the driver, and a
-remote worker when it unpickles a kvldp DoFn); Beam's callers reach it
-through the module attribute (``userstate.get_dofn_specs``,
-``userstate.is_stateful_dofn``), which is what is replaced.
+Tweak ``memo_dofn_specs`` (``tweaks.py``): applied only while a command's
+local job is built and run (``kvldp.runtime.tuned``, ``LocalRunner``) --
+never on a remote worker; Beam's callers reach it through the module
+attribute (``userstate.get_dofn_specs``, ``userstate.is_stateful_dofn``),
+which is what is replaced then.
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ import inspect
 import types
 
 from apache_beam.transforms import core, userstate
+
+from kvldp.runtime.tweaks import Swap
 
 _PLAIN_ATTRIBUTES = (types.FunctionType, classmethod, staticmethod, types.BuiltinFunctionType,
                      types.MethodDescriptorType, types.WrapperDescriptorType, types.MethodWrapperType,
@@ -79,6 +82,4 @@ def get_dofn_specs(dofn) -> tuple[set, set]:
     return set(states), set(timers)             # callers own the sets they get, as from Beam's
 
 
-def install() -> None:
-    """Route Beam's callers to the memo (idempotent)."""
-    userstate.get_dofn_specs = get_dofn_specs
+SWAP = Swap((userstate, "get_dofn_specs", get_dofn_specs))

@@ -18,13 +18,16 @@ once per ParDo. ``ParDo`` still logs its own warning for every ParDo whose
 answer is yes. ``tests/test_yield_check.py`` checks the memo against Beam's
 function on every DoFn of kvldp's graphs.
 
-Installed once, when ``kvldp.transforms`` is imported (as ``dofn_specs``);
+Tweak ``memo_yield_check`` (``tweaks.py``): applied only while a command's
+local job is built and run (``kvldp.runtime.tuned``, ``LocalRunner``);
 ``ParDo.__init__`` looks the function up as a module global, which is what
-is replaced.
+is replaced then.
 """
 from __future__ import annotations
 
 from apache_beam.transforms import core
+
+from kvldp.runtime.tweaks import Swap
 
 _original = getattr(core, "_check_fn_use_yield_and_return", None)
 _answers: dict = {}          # setting a key is atomic; two threads that both miss just compute it twice
@@ -45,7 +48,5 @@ def uses_yield_and_return(fn) -> bool:
     return found
 
 
-def install() -> None:
-    """Route ``ParDo`` to the memo (idempotent; nothing to do on a Beam without the check)."""
-    if _original is not None:
-        core._check_fn_use_yield_and_return = uses_yield_and_return
+# a Beam without the check has nothing to memoise
+SWAP = Swap(*([(core, "_check_fn_use_yield_and_return", uses_yield_and_return)] if _original is not None else []))

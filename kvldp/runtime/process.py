@@ -1,6 +1,10 @@
-"""How this process's heap behaves under the local runner: the C heap
+"""The process tuning of the ``kvldp`` command's local jobs: the C heap
 (glibc only; elsewhere those functions do nothing) and Python's cyclic
-garbage collector.
+garbage collector -- tweaks ``heap`` and ``gc_freeze`` (``tweaks.py``).
+
+Both are process-wide, so only the command's start applies them
+(``start.py``), for a job on the in-process runner; importing this module
+changes nothing, and a remote runner's workers never run it.
 
 The in-process runner's workers are threads of one process, and two glibc
 defaults cost a d = 10^6 job a third of its memory (KS-UE, 10^4 users):
@@ -44,11 +48,29 @@ MMAP_THRESHOLD = 32 << 20
 TRIM_THRESHOLD = 2 * MMAP_THRESHOLD
 
 
+_heap_set_up = [False]
+
+
+def set_up(tweaks: frozenset[str]) -> None:
+    """Before Beam and pyarrow are imported: the C heap (``heap``)."""
+    if "heap" in tweaks:
+        set_up_heap()
+
+
+def settle(tweaks: frozenset[str]) -> None:
+    """Once the command has imported what it runs: the imports' objects
+    frozen (``gc_freeze``)."""
+    if "gc_freeze" in tweaks:
+        settle_imports()
+
+
 def set_up_heap() -> None:
     """The C heap for the in-process runner: one arena (``one_arena``) and
-    thresholds that keep a batch's temporaries in the heap (``steady_heap``)."""
+    thresholds that keep a batch's temporaries in the heap (``steady_heap``);
+    after each job ``release_freed_memory`` hands the free heap back."""
     one_arena()
     steady_heap()
+    _heap_set_up[0] = _glibc() is not None
 
 
 @functools.cache
@@ -68,9 +90,9 @@ def one_arena() -> None:
     """Every thread allocates from one arena (``M_ARENA_MAX`` = 1).
 
     glibc fixes the arena limit the first time a thread needs an arena of
-    its own, and importing pyarrow or Beam already starts threads: so this
-    runs when ``kvldp.pipelines`` is imported, before they are; called later
-    it changes nothing."""
+    its own, and importing pyarrow or Beam already starts threads: so the
+    command's start runs this before they are imported; called later it
+    changes nothing."""
     libc = _glibc()
     if libc is not None:
         libc.mallopt(M_ARENA_MAX, 1)
@@ -106,8 +128,10 @@ def settle_imports() -> None:
 
 def release_freed_memory() -> None:
     """Hand the heap a finished in-process job freed back to the OS
-    (``malloc_trim``): after a d = 10^6 job, 0.9 -> 0.25 GB of RSS."""
+    (``malloc_trim``): after a d = 10^6 job, 0.9 -> 0.25 GB of RSS. Only
+    where this process set its heap up (``set_up_heap``): anywhere else the
+    heap is the program's own business."""
     libc = _glibc()
-    if libc is not None:
+    if libc is not None and _heap_set_up[0]:
         gc.collect()
         libc.malloc_trim(0)
