@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser):
                        help="run the sweep into DIR: each (mechanism, users, path) in a process of its own")
     sweep.add_argument("--mechanisms", default="all", help="comma-separated, or all (default)")
     sweep.add_argument("--sizes", default="100000,1000000,10000000", help="user counts (default 1e5,1e6,1e7)")
+    sweep.add_argument("--stock", action="store_true",
+                       help="also time each point's Beam job on stock Beam (KVLDP_STOCK_BEAM=1: Beam's own "
+                            "runner, none of kvldp.runtime's tweaks), path beam-stock in bench.csv")
     sweep.add_argument("--kernels", action="store_true",
                        help="also the GRR/OUE/OLH kernels against the plain NumPy floor, and the peer libraries "
                             "when installed (pip install 'kvldp[bench]')")
@@ -55,6 +58,7 @@ class BenchConfig:
     mechanisms: tuple[str, ...] = ()          # the sweep's mechanisms
     sizes: tuple[int, ...] = (100_000, 1_000_000, 10_000_000)
     kernels: bool = False
+    stock: bool = False                       # the sweep also runs each Beam job on stock Beam
 
     def __post_init__(self):
         for name in self.mechanisms:
@@ -69,7 +73,7 @@ class BenchConfig:
         except ValueError:
             raise ValueError(f"--sizes takes comma-separated user counts, got {args.sizes!r}") from None
         return cls(DataConfig.from_args(args), MechanismConfig.from_args(args), args.repeats, args.sweep,
-                   tuple(names), sizes, args.kernels)
+                   tuple(names), sizes, args.kernels, args.stock)
 
 
 def _beam_run(config: BenchConfig, beam_args, dataset, mechanism, seed) -> tuple[float, np.ndarray, dict]:
@@ -171,7 +175,7 @@ def run_sweep(config: BenchConfig) -> dict:
     out = Path(config.sweep)
     seed = config.data.seed if config.data.seed is not None else 1
     rows = bench_sweep.run_sweep(config.mechanisms, config.sizes, config.data.keys, seed,
-                                 config.mechanism.epsilon, out, repeats=config.repeats)
+                                 config.mechanism.epsilon, out, repeats=config.repeats, stock=config.stock)
     print(f"sweep: {out / 'bench.csv'}, {out / 'bench.png'}")
     result = {"rows": rows}
     if config.kernels:

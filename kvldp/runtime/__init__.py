@@ -13,7 +13,7 @@ Importing any of these modules changes nothing.
   the tweaks around a local job (``tuned``, ``make_runner``);
 * ``options.py`` -- ``JobOptions``, pipeline options whose views are kept;
 * ``bundle_setup.py``, ``pickles.py``, ``argspecs.py``, ``dofn_specs.py``,
-  ``yield_check.py``, ``hint_origins.py`` -- one tweak each;
+  ``yield_check.py`` -- one tweak each;
 * ``process.py`` and ``start.py`` -- the C heap and the garbage collector,
   set up by the ``kvldp`` command's start for a local job.
 

@@ -23,7 +23,7 @@ leaves its later rounds without input (``transforms/rounds.py``). A
 stateful stage keeps Beam's bundle manager.
 
 While a job runs, ``LocalRunner`` applies its other tweaks of Beam:
-the memos and hint origins that graph construction and each stage's set-up
+the memos that graph construction and each stage's set-up
 ask for (``graph_swaps``; ``tuned`` applies them around a whole command, so
 that building its graphs gains too), and, with in-process workers, the
 zlib pickles and the thread-less bundle set-up (``in_process_swaps``).
@@ -40,11 +40,11 @@ from apache_beam.options.pipeline_options import DirectOptions
 from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.runners.portability.fn_api_runner.fn_runner import BundleManager, FnApiRunner, ParallelBundleManager
 
-from kvldp.runtime import argspecs, bundle_setup, dofn_specs, hint_origins, pickles, tweaks, yield_check
+from kvldp.runtime import argspecs, bundle_setup, dofn_specs, pickles, tweaks, yield_check
 
 # tweak name -> what it swaps while a command's graph is built and its job runs
 GRAPH_SWAPS = {"memo_argspecs": argspecs.SWAP, "memo_dofn_specs": dofn_specs.SWAP,
-               "memo_yield_check": yield_check.SWAP, "short_hint_origins": hint_origins.SWAP}
+               "memo_yield_check": yield_check.SWAP}
 # ... and while a job with in-process workers runs
 IN_PROCESS_SWAPS = {"zlib_pickles": pickles.SWAP, "inline_bundle_setup": bundle_setup.SWAP}
 
