@@ -30,7 +30,9 @@ _process_bundle = fn_runner.BundleManager.process_bundle
 
 
 def process_bundle(self, inputs, *args, **kwargs):
-    empty = not any(any(part) for buffer in inputs.values() for part in buffer.partition(1))
+    # the manager's inputs: buffers (a whole stage) or, per partition, lists of encoded chunks
+    empty = not any(any(part) for buffer in inputs.values()
+                    for part in (buffer.partition(1) if hasattr(buffer, "partition") else [buffer]))
     with lock:
         counts["bundles"] += 1
         counts["bundles without input"] += empty
