@@ -6,6 +6,9 @@ pytest.ini deselects slow tests by default (``-m "not slow"``); run them with
 ``python -m pytest -m slow``.
 """
 
+import os
+import sys
+
 import pytest
 
 
@@ -16,3 +19,36 @@ def _own_working_directory(tmp_path_factory, monkeypatch):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long statistical sweeps (run with: pytest -m slow)")
+
+
+# The suite writes only under its temporary directories (issue 39, item 11):
+# the checkout's files are listed when the session starts and again when it
+# ends (in the controller under pytest-xdist), and any new one fails the run.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_NOT_OURS = {".git", "__pycache__", ".pytest_cache", ".ruff_cache", "build", "dist"}
+_NOT_OURS_PREFIXES = (".venv", ".airflow-venv", os.path.join("deploy", "flink", ".cache"))
+
+
+def _checkout_files() -> set[str]:
+    found = set()
+    for directory, subdirs, files in os.walk(_ROOT):
+        relative = os.path.relpath(directory, _ROOT)
+        subdirs[:] = [d for d in subdirs if d not in _NOT_OURS and not d.endswith(".egg-info")
+                      and not os.path.normpath(os.path.join(relative, d)).startswith(_NOT_OURS_PREFIXES)]
+        found.update(os.path.normpath(os.path.join(relative, f)) for f in files)
+    return found
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):
+        session.config._kvldp_checkout = _checkout_files()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    before = getattr(session.config, "_kvldp_checkout", None)
+    if before is None:
+        return
+    new = sorted(_checkout_files() - before)
+    if new:
+        print(f"\nthe tests wrote into the checkout: {', '.join(new[:10])}", file=sys.stderr)
+        session.exitstatus = 1

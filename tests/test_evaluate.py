@@ -13,7 +13,7 @@ from kvldp.pipelines.figures import DPI, FIGSIZE
 from kvldp.pipelines.presets import PRESETS
 
 SWEEP = ["evaluate", "--mechanisms", "pckv-ue,privkvm", "--epsilons", "1,4", "--repeats", "2",
-         "--users", "20000", "--keys", "20", "--top", "5", "--parallel", "1", "--seed", "3"]
+         "--users", "20000", "--keys", "20", "--top-sets", "5", "--parallel", "1", "--seed", "3"]
 
 
 def _rows(path):

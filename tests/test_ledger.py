@@ -12,6 +12,7 @@ import fastavro
 import numpy as np
 import pytest
 
+from example_data import example_ratings
 from kvldp.mechanisms.ledger import Policy, PrivacyLedger
 from kvldp.mechanisms.memo import user_uid
 from kvldp.pipelines import cli, run_seed
@@ -19,7 +20,7 @@ from kvldp.pipelines.units import parse_instant_ms
 
 DAY = 86400.0
 SEED = 0x5EED0F1ED6E50000000000000000ABCD
-RATINGS = os.path.join(os.path.dirname(__file__), "..", "examples", "ratings.csv")
+RATINGS = example_ratings()
 
 
 def policy(collection, day, cost=2.0, budget=3.0, period=30 * DAY):

@@ -4,14 +4,14 @@ is not told the mode refuses the reports instead of mis-calibrating them."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
+from example_data import example_ratings
 from kvldp.mechanisms.longitudinal import Longitudinal
 from kvldp.pipelines import cli, run_seed
 
-RATINGS = os.path.join(os.path.dirname(__file__), "..", "examples", "ratings.csv")
+RATINGS = example_ratings()
 LONGITUDINAL = ["--longitudinal", "--eps-inf", "2", "--eps-1", "0.5"]
 
 

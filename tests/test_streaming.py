@@ -351,7 +351,8 @@ def test_publish_with_a_ledger_sends_nothing_for_users_over_their_period_budget(
     from kvldp.pipelines import run_seed
 
     monkeypatch.setenv(run_seed.SEED_ENV, "5eed" * 8)
-    ratings = Path(__file__).parent.parent / "examples" / "ratings.csv"
+    from example_data import example_ratings
+    ratings = example_ratings()
     topic, sub = pubsub.topic_and_subscription("ledger")
     sent = []
     for day in (1, 2):

@@ -25,11 +25,13 @@ SYNTHETIC = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr"
 
 def add_arguments(parser: argparse.ArgumentParser):
     mechanism_args.add_mechanism_args(parser, epsilon=4.0, mechanism="pckv-ue")
-    parser.add_argument("--users", type=sources.positive_int, default=1_000_000)
-    parser.add_argument("--keys", type=sources.positive_int, default=100)
-    parser.add_argument("--dataset", default="synthetic-uu", choices=SYNTHETIC)
+    parser.add_argument("--users", type=sources.positive_int, default=1_000_000,
+                        help="simulated users (default 1,000,000)")
+    parser.add_argument("--keys", type=sources.positive_int, default=100, help="keys, d (default 100)")
+    parser.add_argument("--dataset", default="synthetic-uu", choices=SYNTHETIC,
+                        help="the synthetic users (default synthetic-uu)")
     sources.add_batch_args(parser)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1, help="the data's and the noise's seed (default 1)")
     sources.add_fast_rng_arg(parser)
     parser.add_argument("--repeats", type=sources.positive_int, default=3,
                         help="timed runs of each path (each point of a sweep); the best is reported (the first "

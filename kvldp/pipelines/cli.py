@@ -22,6 +22,7 @@ from kvldp.pipelines import (
     simulate,
     split,
     stream,
+    sweep,
 )
 from kvldp.pipelines.flags import check_beam_args
 from kvldp.runtime import local_runner, tweaks
@@ -62,9 +63,17 @@ COMMANDS = {
 }
 
 
+def version() -> str:
+    """kvldp's release and the Beam it runs on (and whether tuned, ``kvldp.runtime``)."""
+    import kvldp
+    tuned = "local runner tuned" if tweaks.stock_reason() is None else f"stock: {tweaks.stock_reason()}"
+    return f"kvldp {kvldp.__version__} on apache-beam {tweaks.beam_version()} ({tuned})"
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="kvldp", description="Key-value data under local differential privacy.",
                                   epilog="Any other --flag is a Beam pipeline option, e.g. --runner FlinkRunner.")
+    top.add_argument("--version", action="version", version=version())
     sub = top.add_subparsers(dest="command", required=True)
     for name, command in COMMANDS.items():
         command.add_arguments(sub.add_parser(name, help=command.help, description=command.help))
@@ -97,6 +106,10 @@ def set_up_logging() -> None:
     that a job runs on stock Beam)."""
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     logging.getLogger(runner.InMemoryWorkersNotice.LOGGER).addFilter(runner.InMemoryWorkersNotice())
+    # Beam's notice that a file sink replaces its target: kvldp refuses an existing output unless
+    # --overwrite, and then says itself what it replaced
+    logging.getLogger("apache_beam.io.filebasedsink").addFilter(
+        lambda record: not str(record.msg).startswith("Deleting %d existing files in target path"))
     failures.quiet_worker_tracebacks()
     ours = logging.getLogger("kvldp")
     if not ours.handlers:
@@ -107,6 +120,14 @@ def set_up_logging() -> None:
         ours.propagate = False
 
 
+def interrupted(stop: BaseException) -> str:
+    """The one line an interrupted command prints."""
+    if isinstance(stop, evaluate.SweepInterrupted):
+        return str(stop)            # what the sweep kept
+    name = stop.args[0] if isinstance(stop, sweep.Interrupted) else "SIGINT"
+    return f"interrupted by {name}: stopped, its temporary files removed, no output half-written"
+
+
 def main(argv=None) -> int:
     """The command (the console script enters through ``runtime.start``,
     which sets the process up first)."""
@@ -115,13 +136,15 @@ def main(argv=None) -> int:
     top = parser()
     args, beam_args = top.parse_known_args(argv)
     try:
-        with runner.scratch_scope(), local_runner.tuned(tweaks.runs_locally(argv)):
+        # one way to stop for every command: SIGINT (Ctrl-C) or SIGTERM -> one line, exit 130, the
+        # command's temporary files removed (its scratch scope here, its temp directory at the start)
+        with sweep.stop_on_signals(), runner.scratch_scope(), local_runner.tuned(tweaks.runs_locally(argv)):
             COMMANDS[args.command].run(config_from_args(top, args, beam_args), beam_args)
     except runner.DryRunFinished as done:
         print(done)
         return 0
-    except evaluate.SweepInterrupted as stop:
-        print(f"kvldp {args.command}: {stop}", file=sys.stderr)
+    except (KeyboardInterrupt, sweep.Interrupted) as stop:
+        print(f"kvldp {args.command}: {interrupted(stop)}", file=sys.stderr)
         return 130
     except (ValueError, FileNotFoundError) as err:
         print(f"kvldp {args.command}: error: {err}", file=sys.stderr)

@@ -34,6 +34,7 @@ import csv
 import dataclasses
 import functools
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,19 @@ FIELDS = ["mechanism", "epsilon", "repeat", "postprocess", "metric", "key_set", 
           "n_users"]
 
 
+class DeprecatedAlias(argparse.Action):
+    """An old flag name that still works, with a one-line note to use ``new``."""
+
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"kvldp: {option_string} is deprecated here, use {self.new} (it stays for one release)",
+              file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a paper's setup (overridable)")
     parser.add_argument("--mechanisms", default=None, help="comma-separated, e.g. pckv-ue,pckv-grr,privkvm-vi")
@@ -72,8 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--engine", choices=("beam", "numpy"), default="beam",
                         help="run each cell as a Beam pipeline (default) or on the pure-NumPy local runner "
                              "(same estimates, faster; built-in datasets only)")
-    parser.add_argument("--top", "--top-sets", dest="top_sets", default=None,
+    parser.add_argument("--top-sets", dest="top_sets", default=None,
                         help="top-t key sets to score, e.g. 20,50 (default 50); KS-GRR/KS-Adap use the largest as t")
+    # --top is KS's t in simulate/perturb/collect: here it was the top sets; kept one release, with a note
+    parser.add_argument("--top", dest="top_sets", action=DeprecatedAlias, new="--top-sets", help=argparse.SUPPRESS)
     parser.add_argument("--postprocess", type=postprocess_list, default=None,
                         help="post-processings to score, comma-separated, e.g. raw,norm-sub,base-cut,eb+shrink "
                              f"(default raw,{DEFAULT_POSTPROCESS.name}); see simulate --postprocess")
@@ -186,7 +202,8 @@ class EvaluateConfig:
         return SimulateConfig(
             dataclasses.replace(self.data, seed=(self.data.seed or 0) + repeat),
             self.template.for_cell(name, eps, top=max(self.top_sets)),
-            output=os.path.join(out_dir, "runs", f"{cell_name(cell)}.jsonl"))
+            output=os.path.join(out_dir, "runs", f"{cell_name(cell)}.jsonl"),
+            overwrite=True)      # the sweep's own run files: a rerun of a cell replaces a killed run's
 
 
 def score(records: list[dict], mechanism, n_users: int, tops, run_info, paper: list[dict] | None = None) -> list[dict]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import uuid
 from collections.abc import Sequence
 
 from apache_beam.io.filesystems import FileSystems
@@ -59,7 +60,7 @@ def file_digest(path: str) -> dict:
 def describe_file(path: str) -> dict:
     """``file_digest`` and the number of reports it holds."""
     with FileSystems.open(path) as fh:
-        records = envelope.ReportContainer(fh).count()
+        records = envelope.ReportContainer(fh, path).count()
     return {**file_digest(path), "records": records}
 
 
@@ -79,19 +80,28 @@ def clear(prefix: str) -> list[str]:
 
 
 def write_manifest(prefix: str, config: dict, key_names: Sequence[str],
-                   rating_range: Sequence[float] | None = None) -> dict:
+                   rating_range: Sequence[float] | None = None, failure: str | None = None) -> dict:
     """Describe every ``PREFIX-NNNNN.avro`` this run wrote (the pipeline has
     finished) in ``PREFIX.manifest.json``; returns the manifest.
     ``rating_range``: the ratings' own scale (public, like the config), so
-    the collector can give means on it."""
+    the collector can give means on it. ``failure``: why the ingest failed
+    (too many rows rejected): the manifest says so (``status`` "failed")
+    and ``check_delivery`` refuses the reports. Written under a temporary
+    name and renamed: a reader sees the whole manifest or none."""
     files = batch_files(prefix)
-    manifest = {"format": FORMAT, "config": json.loads(json.dumps(dict(config))),
+    manifest = {"format": FORMAT, "status": "failed" if failure else "complete",
+                **({"failure": failure} if failure else {}), "config": json.loads(json.dumps(dict(config))),
                 "key_dictionary_sha256": dictionary_fingerprint(key_names), "keys": len(key_names),
                 "rating_range": None if rating_range is None else [float(x) for x in rating_range],
                 "files": [describe_file(f) for f in files]}
     manifest["reports"] = sum(f["records"] for f in manifest["files"])
-    with FileSystems.create(manifest_path(prefix)) as fh:
+    path = manifest_path(prefix)
+    temp = f"{path}.tmp-{uuid.uuid4().hex}"
+    with FileSystems.create(temp) as fh:
         fh.write(json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
+    if FileSystems.exists(path):
+        FileSystems.delete([path])
+    FileSystems.rename([temp], [path])
     return manifest
 
 
@@ -138,6 +148,10 @@ def check_delivery(pattern: str, key_names: Sequence[str], allow_partial: bool =
                     "by kvldp perturb (or it did not finish); pass --no-manifest to collect them unchecked")
             notes.append(f"{prefix}-*.avro: no manifest, collected unchecked")
             continue
+        if manifest.get("status", "complete") != "complete":
+            raise ManifestMismatch(
+                f"the ingest that wrote {prefix}-*.avro failed ({manifest.get('failure', 'no reason given')}); "
+                "collect refuses its reports: fix the input and rerun perturb")
         if manifest["key_dictionary_sha256"] != fingerprint:
             raise ManifestMismatch(
                 f"the key dictionary is not the one {prefix}-*.avro were made with ({manifest['keys']} keys, "

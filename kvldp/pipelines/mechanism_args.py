@@ -10,6 +10,7 @@ import numpy as np
 
 from kvldp.datasets import Dataset
 from kvldp.mechanisms import registry
+from kvldp.mechanisms.base import validated_domain
 from kvldp.mechanisms.longitudinal import SUPPORTED, LongitudinalOptions, longitudinal
 from kvldp.mechanisms.params import AUTO
 from kvldp.pipelines.flags import add_job_flags, add_mechanism_flags, mechanism_flags, option_type
@@ -78,6 +79,7 @@ class MechanismConfig:
 
     def __post_init__(self):
         registry.factory(self.name)                        # an unknown name fails here, with the choices
+        validated_domain(1, self.epsilon)                  # a bad budget too, before any pre-pass reads data
         if self.longitudinal is not None:
             lon = self.longitudinal
             if self.name not in SUPPORTED:

@@ -104,9 +104,13 @@ def describe_sizes(hist: np.ndarray) -> str:
     return f"{n:,} users, {mean:.2f} pairs each on average, at most {int(np.flatnonzero(hist)[-1]) if n else 0}"
 
 
+_WARNED: set[str] = set()
+
+
 def warn_truncation(check: PaddingCheck, out=None) -> str:
     """Print (stderr) and return the warning for a padding that truncates
-    more than ``1 - coverage`` of the users."""
+    more than ``1 - coverage`` of the users: once per process for the same
+    text (an evaluate worker runs the same data's cells again and again)."""
     out = out or sys.stderr
     capped = check.suggested <= check.l
     text = (f"WARNING: padding l = {check.l} truncates {check.truncated_users:,} of {check.n_users:,} users "
@@ -120,7 +124,9 @@ def warn_truncation(check: PaddingCheck, out=None) -> str:
     else:
         text += (f"kvldp advise would choose l = {check.suggested} (covers {check.suggested_covers:.2%} of the "
                  f"users, coverage {check.coverage:g}): rerun with --padding {check.suggested} or --padding auto.")
-    print(text, file=out)
+    if text not in _WARNED:
+        _WARNED.add(text)
+        print(text, file=out)
     return text
 
 

@@ -27,7 +27,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from kvldp.mechanisms.randomness import fresh_seed
 from kvldp.pipelines import extras, split
-from kvldp.pipelines.pubsub_admin import ensure_subscription, ensure_topic
+from kvldp.pipelines.pubsub_admin import check_reachable, ensure_subscription, ensure_topic
 from kvldp.pipelines.split import PerturbConfig
 from kvldp.pipelines.units import parse_duration, parse_instant_ms, pubsub_path
 from kvldp.schemas import envelope
@@ -217,6 +217,7 @@ def run(config: PublishConfig, beam_args) -> dict:
                          "kvldp stream --broadcast-topic publishes each round's broadcast) and --window (the "
                          "collector's window length)")
     window_ms = round(config.window * 1000) if rounds > 1 else None
+    check_reachable(topic=config.topic, subscription=config.broadcast_subscription)
     if config.create_topic and ensure_topic(config.topic):
         print(f"created topic {config.topic}")
     if config.broadcast_topic and ensure_subscription(config.broadcast_subscription, config.broadcast_topic):

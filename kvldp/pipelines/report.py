@@ -17,6 +17,17 @@ def read_text(path: str) -> str:
         return fh.read().decode("utf-8")
 
 
+def named(mechanism, key_names=None) -> str:
+    """The mechanism as its header prints it, with IOH's chosen keys by the
+    names the table shows (``ioh_keys=['50', '258', '100']``), not their
+    0-based indices."""
+    text = repr(mechanism)
+    keys = getattr(mechanism, "ioh_keys", None)
+    if keys is not None and key_names is not None and len(key_names):
+        text = text.replace(f"ioh_keys={list(keys)!r}", f"ioh_keys={[str(key_names[k]) for k in keys]!r}")
+    return text
+
+
 def read_estimates(path: str) -> EstimateRecords:
     """Estimate records from an Avro, JSON Lines or CSV file (held as
     columns: ``kvldp.schemas.estimate_columns``)."""

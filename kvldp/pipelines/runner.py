@@ -262,13 +262,14 @@ def counters(result, quiet: bool = False) -> dict[str, int]:
     return out
 
 
-def print_row_summary(stats: dict[str, int], out=None):
-    """``rows read = accepted + rejected`` for jobs that read ratings files."""
+def print_row_summary(stats: dict[str, int], out=None, failed: bool = False):
+    """``rows read = accepted + rejected`` for jobs that read ratings files;
+    ``failed``: the job failed on them (too many rejected)."""
     out = out or sys.stdout
     if "rows_read" not in stats:
         return
     read, acc, rej = stats.get("rows_read", 0), stats.get("rows_accepted", 0), stats.get("rows_rejected", 0)
-    status = "ok" if read == acc + rej else "MISMATCH"
+    status = "MISMATCH" if read != acc + rej else "FAILED: too many rejected" if failed else "ok"
     print(f"rows read {read} = accepted {acc} + rejected {rej} [{status}]", file=out)
     lost = stats.get("users_all_rejected", 0)
     if lost:

@@ -14,7 +14,7 @@ from kvldp.mechanisms import registry
 from kvldp.mechanisms.postprocess import DEFAULT as DEFAULT_POSTPROCESS
 from kvldp.mechanisms.protocol import Collection, no_count_draw
 from kvldp.mechanisms.randomness import noise_generator_name
-from kvldp.pipelines import devices, mechanism_args, report, runner, sources
+from kvldp.pipelines import devices, mechanism_args, outputs, report, runner, sources
 from kvldp.pipelines.graphs import ioh_counts_file, protocol_summary, simulate_graph
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.padding import resolve_padding
@@ -34,9 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser):
     sources.add_fast_rng_arg(parser)
     parser.add_argument("--output", default=None, type=path_arg,
                         help="estimates file (.avro, .jsonl or .csv); default "
-                             "./estimates-MECHANISM-epsEPS.jsonl in the working directory")
+                             "./estimates-MECHANISM-epsEPS.jsonl in the working directory (-2, -3, ... when "
+                             "an earlier run's is there)")
+    outputs.add_overwrite_arg(parser)
     parser.add_argument("--rows", type=int, default=10, help="keys shown in the table")
-    parser.add_argument("--fanout", type=int, default=None, help="CombineGlobally fanout")
+    parser.add_argument("--fanout", type=int, default=None,
+                        help="an intermediate combine level of this many partial sums (Beam's hot-key fanout), "
+                             "for very many report batches on a distributed runner")
     parser.add_argument("--query", action="append", default=[],
                         help='IOH: "target=KEY given KEY=1,KEY=0" (repeatable); prints estimate and truth')
     parser.add_argument("--draw-counts", action="store_true",
@@ -62,6 +66,7 @@ class SimulateConfig:
     queries: tuple[str, ...] = ()        # IOH queries answered after the run
     postprocess: str = DEFAULT_POSTPROCESS.name     # kvldp.mechanisms.postprocess
     draw_counts: bool = False            # counts drawn per batch, no reports (Protocol.draw_round_counts)
+    overwrite: bool = False              # replace outputs an earlier run left at the paths given
 
     def __post_init__(self):
         if self.draw_counts and not registry.can_draw_counts(self.mechanism.name):
@@ -71,7 +76,7 @@ class SimulateConfig:
     @classmethod
     def from_args(cls, args) -> SimulateConfig:
         return cls(DataConfig.from_args(args), MechanismConfig.from_args(args), args.output, args.rows,
-                   args.fanout, tuple(args.query), args.postprocess, args.draw_counts)
+                   args.fanout, tuple(args.query), args.postprocess, args.draw_counts, args.overwrite)
 
 
 def execute(config: SimulateConfig, beam_args) -> dict:
@@ -83,10 +88,8 @@ def execute(config: SimulateConfig, beam_args) -> dict:
     on stderr, before or after the run, when ``l`` truncates many users."""
     data, chosen = config.data, config.mechanism
     data.check_inputs()
-    output = config.output or default_output(config)
-    sources.check_writable(output, "--output")
-    if not data.is_built_in:
-        sources.check_writable(data.dead_letter_path(output), "--dead-letter")
+    output, replaced = claim_outputs(config)
+    dead_letter = data.claim_dead_letter(output, outputs.run_id(), config.overwrite)
     seeds = sources.Seeds.of(data)
     dataset = sources.built_in_dataset(data, seeds.data)
     dictionary, set_sizes = (None, None) if dataset is not None else sources.key_dictionary_and_sizes(data, beam_args)
@@ -113,13 +116,17 @@ def execute(config: SimulateConfig, beam_args) -> dict:
     if ioh_keys is not None:
         ioh_counts_file(run["counts"], source.users, mechanism, source.key_names, counts_path)
     run["records"] | "WriteEstimates" >> WriteEstimates(output)
-    dead_letter = data.dead_letter_path(output) if source.dead_letter is not None else None
-    if dead_letter:
+    if source.dead_letter is None:
+        dead_letter = None
+    else:
         write_dead_letters(source.dead_letter, dead_letter)
     start = time.perf_counter()
     result = runner.run_pipeline(p)
     padding.after_run()                            # warns when l truncated too many users
-    return {"mechanism": mechanism, "dataset": getattr(dataset, "name", data.dataset), "output": output,
+    if not outputs.drop_if_empty(dead_letter):     # a run that rejected nothing leaves no dead letter
+        dead_letter = None
+    return {"replaced": replaced, "key_names": key_names, "mechanism": mechanism,
+            "dataset": getattr(dataset, "name", data.dataset), "output": output,
             "seconds": time.perf_counter() - start, "stats": runner.counters(result),
             "records": report.read_estimates(output), "n_users": getattr(dataset, "n_users", None),
             "protocol": json.loads(read_text(summary_path)) if mechanism.max_rounds > 1 else None,
@@ -131,8 +138,19 @@ def execute(config: SimulateConfig, beam_args) -> dict:
 def default_output(config: SimulateConfig) -> str:
     """Where estimates go without ``--output``: the working directory (a file
     the user will want is never left in a temporary directory), one name per
-    mechanism and epsilon, overwritten by a rerun."""
-    return os.path.abspath(f"estimates-{config.mechanism.name}-eps{config.mechanism.epsilon:g}.jsonl")
+    mechanism and epsilon; a rerun takes the next free name
+    (``outputs.fresh``), never the earlier run's."""
+    return outputs.fresh(os.path.abspath(f"estimates-{config.mechanism.name}-eps{config.mechanism.epsilon:g}.jsonl"))
+
+
+def claim_outputs(config: SimulateConfig) -> tuple[str, list[str]]:
+    """Before any compute: the estimates file and the files beside it
+    (``.protocol.json``, ``.counts.avro``), none an earlier run's unless
+    ``--overwrite``; returns the estimates' path and what will be replaced."""
+    output = config.output or default_output(config)
+    replaced = [path for path in (output, output + ".protocol.json", output + ".counts.avro")
+                if outputs.claim(path, "--output", config.overwrite)]
+    return output, replaced
 
 
 def run(config: SimulateConfig, beam_args) -> dict:
@@ -140,19 +158,24 @@ def run(config: SimulateConfig, beam_args) -> dict:
     mechanism, records, stats = out["mechanism"], out["records"], out["stats"]
     summary = report.mse_summary(records, config.mechanism.get("top") or 50)
     made = "users, their counts drawn without reports" if config.draw_counts else "user reports"
-    print(f"{mechanism!r} on {out['dataset']}: {stats.get('users_perturbed', 0)} {made} "
+    print(f"{report.named(mechanism, out['key_names'])} on {out['dataset']}: {stats.get('users_perturbed', 0)} {made} "
           f"in {out['seconds']:.1f} s; noise from {out['noise']}")
     if mechanism.max_rounds > 1:
         info = out["protocol"]
         print(f"rounds run: {info['rounds_run']} of at most {info['max_rounds']}; "
               f"epsilon spent per user: {info['epsilon_spent']:.6g} of {mechanism.epsilon:g}")
-    runner.print_row_summary(stats)
-    config.data.check_reject_rate(stats, out["dead_letter"])
+    failure = config.data.reject_rate_failure(stats, out["dead_letter"])
+    runner.print_row_summary(stats, failed=failure is not None)
+    if failure:
+        raise sources.TooManyRejected(failure)
     report.print_table(records, config.rows, rating_range=out["rating_range"])
     print(" ".join(f"{k}={v:.4g}" for k, v in summary.items()))
     if out["rating_range"] is not None and any(r.get("true_mean") is not None for r in records):
         print(report.rating_summary(summary, out["rating_range"]))
-    print(f"estimates written to {out['output']}")
+    replaced = f" (replacing {', '.join(out['replaced'])})" if out["replaced"] else ""
+    print(f"estimates written to {out['output']}{replaced}")
+    if out["dead_letter"]:
+        print(f"rejected rows (with their reasons) written to {out['dead_letter']}")
     answers = []
     if out["counts_path"]:
         print(f"IOH cell counts written to {out['counts_path']} (query them with kvldp query --counts)")

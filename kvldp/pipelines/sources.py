@@ -6,7 +6,6 @@ import argparse
 import collections
 import dataclasses
 import functools
-import os
 import re
 from collections.abc import Sequence
 
@@ -19,7 +18,7 @@ from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE, UserBatch
 from kvldp.mechanisms.padding import merge_histograms, size_histogram
 from kvldp.mechanisms.randomness import SimulationSeed, fresh_seed
 from kvldp.mechanisms.sizing import DEFAULT_MEMORY_BUDGET, batch_size_for
-from kvldp.pipelines import run_seed
+from kvldp.pipelines import outputs, run_seed
 from kvldp.pipelines.runner import (
     Progress,
     finish,
@@ -41,8 +40,10 @@ DATASETS = ("synthetic-uu", "synthetic-gg", "synthetic-multi", "synthetic-corr",
 
 
 def add_dataset_args(parser: argparse.ArgumentParser, default: str | None = "synthetic-uu"):
-    parser.add_argument("--dataset", default=default,
-                        help=f"one of {', '.join(DATASETS)}, or a ratings file/pattern (CSV, JSONL, Avro)")
+    # one flag, two names, in every verb that reads users: --dataset for a built-in, --input for files
+    parser.add_argument("--dataset", "--input", dest="dataset", default=default, metavar="NAME|PATH",
+                        help=f"the users: one of {', '.join(DATASETS)}, or a ratings file/pattern (CSV, JSONL, "
+                             "Avro); --input and --dataset are the same flag")
     parser.add_argument("--dataset-path", default=None, type=path_arg, help="where the clothing .mat file is")
     parser.add_argument("--users", type=positive_int, default=1_000_000, help="synthetic users")
     parser.add_argument("--keys", type=positive_int, default=100, help="synthetic keys d")
@@ -56,7 +57,8 @@ def add_dataset_args(parser: argparse.ArgumentParser, default: str | None = "syn
     parser.add_argument("--resample-users", type=positive_int, default=None,
                         help="bootstrap a real dataset's users up to N (labelled in the output)")
     ratings = parser.add_argument_group("ratings files")
-    ratings.add_argument("--input-format", choices=("csv", "jsonl", "avro"), default=None)
+    ratings.add_argument("--input-format", choices=("csv", "jsonl", "avro"), default=None,
+                         help="the ratings files' format (default: from the extension, .csv/.jsonl/.avro)")
     ratings.add_argument("--user-col", default="user", help="the column of user ids (default user)")
     ratings.add_argument("--item-col", default="item", help="the column of item ids (default item)")
     ratings.add_argument("--rating-col", default="rating", help="the column of ratings (default rating)")
@@ -83,8 +85,9 @@ def add_dataset_args(parser: argparse.ArgumentParser, default: str | None = "syn
                               f"rows is rejected (default {DEFAULT_MAX_REJECT_RATE:g}; 1 never fails)")
     ratings.add_argument("--dead-letter", default=None, type=path_arg,
                          help="where rejected rows (raw values, with reasons) go; default "
-                              "INPUT_DIR/kvldp-rejected/OUTPUT_NAME.rejected.jsonl, beside the raw data and "
-                              "never beside reports or estimates")
+                              "INPUT_DIR/kvldp-rejected/OUTPUT_NAME.RUNID.rejected.jsonl (one per run; none "
+                              "when nothing was rejected), beside the raw data and never beside reports or "
+                              "estimates; a named file that exists is refused unless --overwrite")
 
 
 DEFAULT_MAX_REJECT_RATE = 0.05
@@ -248,15 +251,29 @@ class DataConfig:
         given.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**{k: v for k, v in given.items() if v is not None})
 
-    def dead_letter_path(self, output: str) -> str:
-        """Where this job's rejected rows go. They are raw ratings, so by
+    def dead_letter_path(self, output: str, run: str) -> str:
+        """Where this run's rejected rows go. They are raw ratings, so by
         default they stay with the raw data: ``kvldp-rejected/`` in the
-        input's directory, named after ``output`` (never under a report
-        prefix, which is what is shipped to a collector)."""
+        input's directory, named after ``output`` and the run
+        (``outputs.run_id``), so no other run truncates them; never under a
+        report prefix, which is what is shipped to a collector."""
         if self.dead_letter:
             return self.dead_letter
         name = FileSystems.split(output.rstrip("/"))[1] or "output"
-        return FileSystems.join(input_directory(self.dataset), "kvldp-rejected", name + ".rejected.jsonl")
+        return FileSystems.join(input_directory(self.dataset), "kvldp-rejected", f"{name}.{run}.rejected.jsonl")
+
+    def claim_dead_letter(self, output: str, run: str, overwrite: bool) -> str | None:
+        """Before any compute: this run's dead-letter file (None for a
+        built-in dataset, which rejects nothing), writable, and a named one
+        (``--dead-letter``) not an earlier run's unless ``overwrite``."""
+        if self.is_built_in:
+            return None
+        path = self.dead_letter_path(output, run)
+        if self.dead_letter:
+            outputs.claim(path, "--dead-letter", overwrite)
+        else:
+            outputs.check_writable(path, "--dead-letter")
+        return path
 
     def check_inputs(self) -> None:
         """Before any pipeline: a ratings pattern must match a file, and a
@@ -270,15 +287,28 @@ class DataConfig:
         if self.key_dictionary and not FileSystems.exists(self.key_dictionary):
             raise FileNotFoundError(f"--key-dictionary {self.key_dictionary} does not exist")
 
-    def check_reject_rate(self, stats: dict, dead_letter: str) -> None:
-        """After the run: fail when more than ``max_reject_rate`` of the rows
-        were rejected (the dead letter is written by then)."""
+    def reject_rate_failure(self, stats: dict, dead_letter: str | None) -> str | None:
+        """After the run: why it failed when more than ``max_reject_rate`` of
+        the rows were rejected (the dead letter is written by then), or when
+        a ratings input gave no user at all, else None."""
         read, rejected = stats.get("rows_read", 0), stats.get("rows_rejected", 0)
+        if not self.is_built_in and not read:
+            return f"--input {self.dataset} holds no rating row: no user was perturbed"
+        if not self.is_built_in and read == rejected:
+            return (f"every one of the {read} rows of --input {self.dataset} was rejected: no user was perturbed; "
+                    f"the reasons are in {dead_letter}")
         if read and rejected / read > self.max_reject_rate:
-            raise TooManyRejected(
-                f"{rejected} of {read} rows rejected ({rejected / read:.1%}), more than --max-reject-rate "
-                f"{self.max_reject_rate:.1%}: the reasons are in {dead_letter}; fix the input (--rating-range, "
-                "--key-dictionary, columns) or raise --max-reject-rate")
+            return (f"{rejected} of {read} rows rejected ({rejected / read:.1%}), more than --max-reject-rate "
+                    f"{self.max_reject_rate:.1%}: the reasons are in {dead_letter}; fix the input (--rating-range, "
+                    "--key-dictionary, columns) or raise --max-reject-rate")
+        return None
+
+    def check_reject_rate(self, stats: dict, dead_letter: str | None) -> None:
+        """After the run: fail when more than ``max_reject_rate`` of the rows
+        were rejected (``reject_rate_failure``)."""
+        failure = self.reject_rate_failure(stats, dead_letter)
+        if failure:
+            raise TooManyRejected(failure)
 
     def read_ratings(self, dictionary: Sequence[str] | None, stable_ids: bool = True,
                      spill: str | None = None) -> ReadRatings:
@@ -306,18 +336,7 @@ def matches(pattern: str) -> bool:
     return bool(matched(pattern))
 
 
-def check_writable(path: str, flag: str) -> None:
-    """Before any pipeline: the directory a local output goes to exists (it
-    is created) and is writable. Remote outputs are the runner's to check."""
-    if "://" in path:
-        return
-    directory = os.path.dirname(os.path.abspath(path)) or "."
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"{flag} {path}: cannot create {directory} ({err.strerror})") from None
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {path}: {directory} is not writable")
+check_writable = outputs.check_writable
 
 
 def input_directory(pattern: str) -> str:
@@ -419,6 +438,10 @@ def derive_dictionary_and_sizes(data: DataConfig, beam_args) -> tuple[list[str],
     scan["sizes"] | "SaveSizes" >> beam.Map(save_array, sizes)
     with Progress():
         finish(p.run())
+    with FileSystems.open(out) as fh:
+        if not fh.read(1):
+            raise ValueError(f"--input {data.dataset} holds no rating row kvldp can read (empty files, or every "
+                             "row rejected: see the dead letter of a run with --max-reject-rate 1)")
     return read_dictionary(out), read_array(sizes)
 
 

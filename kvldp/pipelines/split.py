@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Sequence
 
 import apache_beam as beam
 import fastavro
@@ -23,7 +24,7 @@ from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms.params import AUTO
 from kvldp.mechanisms.postprocess import DEFAULT as DEFAULT_POSTPROCESS
 from kvldp.mechanisms.protocol import Collection
-from kvldp.pipelines import devices, manifest, mechanism_args, report, run_seed, runner, sources
+from kvldp.pipelines import devices, manifest, mechanism_args, outputs, report, run_seed, runner, sources
 from kvldp.pipelines.devices import LedgerConfig
 from kvldp.pipelines.graphs import collect_graph, ioh_counts_file
 from kvldp.pipelines.mechanism_args import MechanismConfig
@@ -76,11 +77,10 @@ def add_perturb_arguments(parser: argparse.ArgumentParser, output_required: bool
              "broadcast's), the longitudinal instantaneous layer's noise and the ledger's records; default: "
              "derived from the run seed")
     devices.add_ledger_args(parser)
-    parser.add_argument("--input", dest="dataset_input", default=None, type=path_arg,
-                        help="ratings file/pattern (= --dataset PATH)")
     parser.add_argument("--output", required=output_required, type=path_arg,
                         help="REPORTS.avro: writes REPORTS-NNNNN.avro (one per batch) and REPORTS.keys.txt"
                              + ("" if output_required else " (default: ./kvldp-published/REPORTS.avro)"))
+    outputs.add_overwrite_arg(parser)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +96,7 @@ class PerturbConfig:
     broadcast: str | None = None
     collection_id: str | None = None
     ledger: LedgerConfig = dataclasses.field(default_factory=LedgerConfig)
+    overwrite: bool = False              # replace an earlier run's reports under the prefix
 
     @property
     def prefix(self) -> str:
@@ -113,7 +114,7 @@ class PerturbConfig:
                              "collection must redraw the same reports, and a fresh state fingerprint per run "
                              "would charge unchanged states again")
         if self.output and not self.data.is_built_in:
-            dead, prefix = self.data.dead_letter_path(self.output), self.prefix
+            dead, prefix = self.data.dead_letter_path(self.output, "RUNID"), self.prefix
             if dead.startswith(prefix) or FileSystems.split(dead)[0] == FileSystems.split(prefix)[0]:
                 raise ValueError(f"--dead-letter {dead} is beside the reports {prefix}-*: rejected rows are raw "
                                  "ratings and must not travel with what the collector receives; put them "
@@ -121,11 +122,11 @@ class PerturbConfig:
 
     @classmethod
     def from_args(cls, args) -> PerturbConfig:
-        data = DataConfig.from_args(args, dataset=args.dataset_input)      # --input PATH = --dataset PATH
+        data = DataConfig.from_args(args)
         if data.seed_origin == "flag" and not data.is_built_in:
             print(run_seed.exposed_seed_warning(getattr(args, "command", "perturb")), file=sys.stderr)
         return cls(data, MechanismConfig.from_args(args), args.output, args.round, args.broadcast,
-                   args.collection_id, LedgerConfig.from_args(args))
+                   args.collection_id, LedgerConfig.from_args(args), getattr(args, "overwrite", False))
 
 
 def read_broadcast(path: str, key_names, protocol):
@@ -212,10 +213,8 @@ def perturb_state(config: PerturbConfig, protocol, seed: int, dataset, key_names
 def run_perturb(config: PerturbConfig, beam_args) -> dict:
     data, chosen, prefix = config.data, config.mechanism, config.prefix
     data.check_inputs()
-    sources.check_writable(prefix + "-00000.avro", "--output")
-    dead_letter = None if data.is_built_in else data.dead_letter_path(prefix)
-    if dead_letter:
-        sources.check_writable(dead_letter, "--dead-letter")
+    earlier = claim_prefix(prefix, config.overwrite)
+    dead_letter = data.claim_dead_letter(prefix, outputs.run_id(), config.overwrite)
     seeds = sources.Seeds.of(data)
     dataset = sources.built_in_dataset(data, seeds.data)
     dictionary, set_sizes = (None, None) if dataset is not None else sources.key_dictionary_and_sizes(data, beam_args)
@@ -234,9 +233,9 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
     devices.warn_unless_stable(mechanism, dictionary is not None and not data.key_dictionary,
                                chosen.get("padding") == AUTO)
     gate = config.ledger.gate(mechanism, seeds.perturb, state.collection.id, beam_args)
-    stale = [] if runner.is_dry_run(beam_args) else manifest.clear(prefix)     # a dry run touches no file
-    if stale:
-        print(f"removed {len(stale)} file(s) of an earlier run under {prefix}", file=sys.stderr)
+    if earlier and not runner.is_dry_run(beam_args):       # a dry run touches no file
+        manifest.clear(prefix)
+        print(f"--overwrite: removed {len(earlier)} file(s) of an earlier run under {prefix}", file=sys.stderr)
     p = runner.make_pipeline(beam_args)
     source = sources.user_source(p, data, dataset, dictionary, devices.needs_stable_ids(mechanism, gate))
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
@@ -251,10 +250,18 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
     result = runner.run_pipeline(p)
     padding.after_run()                            # warns when l truncated too many users
     stats = runner.counters(result)
-    written = manifest.write_manifest(prefix, round_cfg, key_names, data.rating_scale(dataset))
-    runner.print_row_summary(stats)
-    data.check_reject_rate(stats, dead_letter)
-    print(f"{written['reports']} reports of {mechanism!r}"
+    if not outputs.drop_if_empty(dead_letter):     # a run that rejected nothing leaves no dead letter
+        dead_letter = None
+    failure = data.reject_rate_failure(stats, dead_letter)
+    # a failed ingest is delivered as failed: its manifest says so, and collect refuses it
+    written = manifest.write_manifest(prefix, round_cfg, key_names, data.rating_scale(dataset), failure=failure)
+    runner.print_row_summary(stats, failed=failure is not None)
+    if failure:
+        raise sources.TooManyRejected(f"{failure}; the reports under {prefix} are marked failed in "
+                                      f"{manifest.manifest_path(prefix)} and collect refuses them")
+    if dead_letter:
+        print(f"rejected rows (with their reasons) written to {dead_letter}")
+    print(f"{written['reports']} reports of {report.named(mechanism, key_names)}"
           f"{f' round {config.round}' if mechanism.max_rounds > 1 else ''} written to {prefix}-*.avro "
           f"({len(written['files'])} files, listed in {manifest.manifest_path(prefix)}); "
           f"key dictionary {prefix}.keys.txt")
@@ -267,6 +274,20 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
             "ledger": ledger}
 
 
+def claim_prefix(prefix: str, overwrite: bool) -> list[str]:
+    """Before any compute: the report prefix is writable, and an earlier
+    run's report files and manifest under it are refused unless
+    ``overwrite``; returns them (what ``--overwrite`` will remove)."""
+    outputs.check_writable(prefix + "-00000.avro", "--output")
+    earlier = manifest.batch_files(prefix) + [p for p in (manifest.manifest_path(prefix), prefix + ".keys.txt")
+                                              if FileSystems.exists(p)]
+    if earlier and not overwrite:
+        names = ", ".join(FileSystems.split(p)[1] for p in earlier[:3]) + (", ..." if len(earlier) > 3 else "")
+        raise ValueError(f"--output {prefix}: {len(earlier)} file(s) of an earlier run are there ({names}); "
+                         "pass --overwrite to replace them, or choose another --output")
+    return earlier
+
+
 def add_collect_arguments(parser: argparse.ArgumentParser):
     mechanism_args.add_mechanism_args(parser)
     mechanism_args.add_longitudinal_args(parser)
@@ -276,12 +297,15 @@ def add_collect_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--keys", type=sources.positive_int, default=None,
                         help="d, when keys are unnamed 0 … d-1")
     parser.add_argument("--output", required=True, type=path_arg, help="estimates file (.avro, .jsonl or .csv)")
+    outputs.add_overwrite_arg(parser)
     parser.add_argument("--broadcast-out", default=None, type=path_arg,
                         help="multi-round: where to write this round's broadcast (default OUTPUT.broadcast.avro)")
     parser.add_argument("--counts-out", default=None, type=path_arg,
                         help="IOH: where to write the cell counts for kvldp query (default OUTPUT.counts.avro)")
-    parser.add_argument("--rows", type=int, default=10)
-    parser.add_argument("--fanout", type=int, default=None)
+    parser.add_argument("--rows", type=int, default=10, help="keys shown in the table")
+    parser.add_argument("--fanout", type=int, default=None,
+                        help="an intermediate combine level of this many partial sums (Beam's hot-key fanout), "
+                             "for very many report batches on a distributed runner")
     add_postprocess_arg(parser)
     parser.add_argument("--rating-range", type=sources.parse_range, default=None,
                         help="lo,hi: the ratings' own scale, for means given on it too (default: the "
@@ -317,6 +341,7 @@ class CollectConfig:
     require_manifest: bool = True
     postprocess: str = DEFAULT_POSTPROCESS.name     # kvldp.mechanisms.postprocess
     rating_range: tuple[float, float] | None = None     # None: the manifest's
+    overwrite: bool = False              # replace outputs an earlier run left at the paths given
 
     def __post_init__(self):
         if not self.key_dictionary and not self.keys:
@@ -327,7 +352,7 @@ class CollectConfig:
         return cls(MechanismConfig.from_args(args), args.input, args.output, args.round, args.broadcast,
                    args.key_dictionary, args.keys, args.broadcast_out, args.counts_out, args.rows, args.fanout,
                    args.allow_partial, args.require_manifest, args.postprocess,
-                   args.rating_range)
+                   args.rating_range, args.overwrite)
 
 
 def reports_collection(pattern: str, found: dict) -> Collection:
@@ -384,10 +409,12 @@ def run_collect(config: CollectConfig, beam_args) -> dict:
     names = collect_key_names(config)
     for note in manifest.check_delivery(config.input, names, config.allow_partial, config.require_manifest):
         print(note, file=sys.stderr)
-    for flag, path in (("--output", config.output), ("--broadcast-out", config.broadcast_out),
-                       ("--counts-out", config.counts_out)):
-        if path:
-            sources.check_writable(path, flag)
+    # the estimates and the files beside them (a multi-round broadcast, IOH's counts; by default named after
+    # the estimates), none an earlier run's unless --overwrite
+    replaced = [path for flag, path in (("--output", config.output),
+                                        ("--broadcast-out", config.broadcast_out or config.output + ".broadcast.avro"),
+                                        ("--counts-out", config.counts_out or config.output + ".counts.avro"))
+                if outputs.claim(path, flag, config.overwrite)]
     chosen, ioh_keys = config.mechanism, None
     if chosen.takes_ioh_keys():
         # the chosen keys travel with the reports; --ioh-keys may restate them
@@ -413,15 +440,16 @@ def run_collect(config: CollectConfig, beam_args) -> dict:
         ioh_counts_file(out["counts"], None, mechanism, key_names, counts_out)
     result = runner.run_pipeline(p)
     stats = runner.counters(result)
-    print_collected(config, mechanism, stats, broadcast_out, counts_out, scale)
+    print_collected(config, mechanism, stats, broadcast_out, counts_out, scale, replaced, names)
     return {"output": config.output, "stats": stats, "broadcast": broadcast_out, "counts": counts_out}
 
 
 def print_collected(config: CollectConfig, mechanism, stats: dict, broadcast_out: str | None,
-                    counts_out: str | None, rating_range=None):
-    print(f"{stats.get('reports_read', 0)} reports collected by {mechanism!r}")
+                    counts_out: str | None, rating_range=None, replaced: Sequence[str] = (), names=None):
+    print(f"{stats.get('reports_read', 0)} reports collected by {report.named(mechanism, names)}")
     report.print_table(report.read_estimates(config.output), config.rows, rating_range=rating_range)
-    print(f"estimates written to {config.output}")
+    print(f"estimates written to {config.output}"
+          + (f" (replacing {', '.join(replaced)})" if replaced else ""))
     if broadcast_out:
         with FileSystems.open(broadcast_out) as fh:
             first = next(iter(fastavro.reader(fh)))

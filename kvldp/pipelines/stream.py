@@ -32,7 +32,7 @@ from kvldp.mechanisms.protocol import Collection
 from kvldp.pipelines import extras, mechanism_args, runner, sources, split
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.postprocessing import add_postprocess_arg
-from kvldp.pipelines.pubsub_admin import ensure_subscription
+from kvldp.pipelines.pubsub_admin import check_reachable, ensure_subscription
 from kvldp.pipelines.units import parse_duration, path_arg, pubsub_path
 from kvldp.schemas import envelope
 from kvldp.transforms.direct_pubsub import responsive_pulls
@@ -97,7 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser):
     out = parser.add_argument_group("sinks (at least one of --output-dir, --output-topic)")
     out.add_argument("--output-dir", default=None, type=path_arg,
                      help="one file per pane: estimates-START-END-paneNNN-TIMING.EXT")
-    out.add_argument("--output-format", choices=PANE_FORMATS, default="jsonl")
+    out.add_argument("--output-format", choices=PANE_FORMATS, default="jsonl",
+                     help="the format of each pane's estimates file in --output-dir (default jsonl)")
     out.add_argument("--output-topic", type=pubsub_path("topics"), default=None,
                      help="one Avro message per pane (windowed_estimate.avsc)")
     out.add_argument("--broadcast-topic", type=pubsub_path("topics"), default=None,
@@ -322,6 +323,7 @@ def _install_sigint(monitor: Monitor):
 
 def run(config: StreamConfig, beam_args) -> dict:
     extras.require_gcp("Pub/Sub")
+    check_reachable(subscription=config.subscription)
     names = split.collect_key_names(config)
     protocol = config.mechanism.make(len(names), ioh_keys=(
         mechanism_args.named_keys(config.mechanism.ioh_keys, names) if config.mechanism.ioh_keys else None))

@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     # Google's client libraries warn at import about the Python and grpcio they run on (Beam 2.62's
     # grpcio < 1.66, the floor of kvldp's range): notes for their maintainers, not for an operator's job
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"google\.")
-    from kvldp.pipelines import cli
-    process.settle(chosen)
-    return cli.main(argv)
+    with process.private_tempdir():
+        from kvldp.pipelines import cli
+        process.settle(chosen)
+        return cli.main(argv)

@@ -168,8 +168,12 @@ class ReportContainer:
     records (what kvldp writes) or, from files of kvldp before 0.2, one
     record per report."""
 
-    def __init__(self, fh):
-        self._reader = fastavro.reader(fh)
+    def __init__(self, fh, name: str | None = None):
+        try:
+            self._reader = fastavro.reader(fh)
+        except (ValueError, EOFError, OSError) as err:      # fastavro: "cannot read header - is it an avro file?"
+            raise ValueError(f"{name or 'a report file'}: not a readable Avro container (its header: {err}); "
+                             "truncated, or not a report file") from None
         raw = self._reader.metadata.get(CONFIG_METADATA_KEY)
         self.config: dict | None = json.loads(raw) if raw else None
         self.schema_name: str = self._reader.writer_schema.get("name", "").split(".")[-1]

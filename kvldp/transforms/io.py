@@ -77,7 +77,7 @@ class _ReadReportFileFn(beam.DoFn):
 
     def process(self, readable):
         with element_context(readable.metadata.path), readable.open() as fh:
-            container = envelope.ReportContainer(fh)
+            container = envelope.ReportContainer(fh, readable.metadata.path)
             container.check(self._config, self._protocol.round_report_type(self._round), readable.metadata.path)
             for reports in container.batches(self._protocol, self._round, rows=self._rows):
                 self._read.inc(reports.n_reports)
@@ -93,7 +93,7 @@ def report_configs(pattern: str) -> dict[str, dict]:
     out = {}
     for meta in sorted(matched, key=lambda m: m.path):
         with FileSystems.open(meta.path) as fh:
-            out[meta.path] = envelope.ReportContainer(fh).config or {}
+            out[meta.path] = envelope.ReportContainer(fh, meta.path).config or {}
     return out
 
 

@@ -430,7 +430,12 @@ class ParseRatingFileFn(beam.DoFn):
             yield line, _unbad(self._fields(record))
 
     def _avro(self, fh, path: str):
-        for line, record in enumerate(fastavro.reader(fh), start=1):
+        try:
+            reader = fastavro.reader(fh)
+        except (ValueError, EOFError) as err:         # fastavro: "cannot read header - is it an avro file?"
+            raise ValueError(f"{path}: not a readable Avro file (its header: {err}); truncated, or not Avro "
+                             "(--input-format)") from None
+        for line, record in enumerate(reader, start=1):
             yield line, _unbad(self._fields(record))
 
 
