@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from dead_letters import dead_letter
 from kvldp import schemas
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms import registry
@@ -41,7 +42,8 @@ def test_simulate_writes_every_field_and_matches_local_runner(tmp_path, capsys):
     assert np.allclose([got[str(k)]["true_frequency"] for k in range(20)], f)
     # --postprocess raw: the paper's estimates as the mechanism gives them
     assert cli.main(["simulate", "--mechanism", "pckv-ue", "--epsilon", "4", "--users", "60000", "--keys", "20",
-                     "--seed", "1", "--batch-size", "20000", "--output", str(out), "--postprocess", "raw"]) == 0
+                     "--seed", "1", "--batch-size", "20000", "--output", str(out), "--postprocess", "raw",
+                     "--overwrite"]) == 0
     raw = _by_key(read_estimates(str(out)))
     for field in ("frequency", "mean", "frequency_raw", "mean_raw", "frequency_se", "mean_se"):
         assert np.array_equal([raw[str(k)][field] for k in range(20)], getattr(local.estimates, field)), field
@@ -115,7 +117,7 @@ def test_simulate_ratings_file_reports_row_accounting(tmp_path, capsys):
     line = next(x for x in text.splitlines() if x.startswith("rows read"))
     read, acc, rej = (int(t) for t in line.replace("[ok]", "").split() if t.isdigit())
     assert read == 303 and read == acc + rej and "[ok]" in line
-    dead = [json.loads(x) for x in (tmp_path / "kvldp-rejected" / "est.jsonl.rejected.jsonl").read_text().splitlines()]
+    dead = [json.loads(x) for x in dead_letter(tmp_path, "est.jsonl").read_text().splitlines()]
     assert len(dead) == rej
     assert {d["reason"].split(":")[0] for d in dead} >= {"malformed row", "duplicate key for one user"}
 

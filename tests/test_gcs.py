@@ -123,6 +123,14 @@ def _lines(client, name):
     return [x for x in client.bucket(BUCKET).blob(name).download_as_text().splitlines() if x.strip()]
 
 
+def _dead_letter(client, stem):
+    """The one dead letter ``kvldp-rejected/STEM.RUNID.rejected.jsonl`` of a run, as lines."""
+    found = [b.name for b in client.list_blobs(BUCKET, prefix=f"kvldp-rejected/{stem}.")
+             if b.name.endswith(".rejected.jsonl")]
+    assert len(found) == 1, found
+    return _lines(client, found[0])
+
+
 def _row_summary(text):
     line = next(x for x in text.splitlines() if x.startswith("rows read"))
     return tuple(int(t) for t in line.split() if t.isdigit()), line
@@ -142,7 +150,7 @@ def test_simulate_reads_and_writes_gs(gcs, local_reference, capsys):
     est = [json.loads(x) for x in _lines(gcs, "out/est.jsonl")]
     assert sorted(r["key"] for r in est) == ITEMS
     assert {r["n_reports"] for r in est} == {N_USERS}
-    dead = [json.loads(x) for x in _lines(gcs, "kvldp-rejected/est.jsonl.rejected.jsonl")]
+    dead = [json.loads(x) for x in _dead_letter(gcs, "est.jsonl")]
     assert len(dead) == len(BAD_ROWS)
     assert {d["source"] for d in dead} == {f"gs://{BUCKET}/ratings.csv"}
     reasons = " | ".join(sorted(d["reason"] for d in dead))
@@ -166,7 +174,7 @@ def test_perturb_then_collect_through_gs(gcs, local_reference, capsys):
     reports = [n for n in names if n.startswith("rep/R-") and n.endswith(".avro")]
     assert reports and set(names) == {*reports, "rep/R.keys.txt", "rep/R.manifest.json"}, names  # nothing raw
     assert _lines(gcs, "rep/R.keys.txt") == ITEMS
-    assert len(_lines(gcs, "kvldp-rejected/R.rejected.jsonl")) == len(BAD_ROWS)
+    assert len(_dead_letter(gcs, "R")) == len(BAD_ROWS)
 
     assert cli.main(["collect", *MECH, "--input", f"gs://{BUCKET}/rep/R*.avro",
                      "--key-dictionary", f"gs://{BUCKET}/rep/R.keys.txt",

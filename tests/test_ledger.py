@@ -66,7 +66,7 @@ def _perturb(tmp_path, collection: int, day: str, *extra, mechanism=("--mechanis
                      "--output", str(tmp_path / "out" / f"R{collection}.avro"),
                      "--collection-id", f"{collection:032x}", "--ledger", str(tmp_path / "state" / "ledger.sqlite"),
                      "--period-budget", "3", "--period", "7d", "--collection-time", f"2026-03-{day}T06:00:00",
-                     *extra])
+                     "--overwrite", *extra])
 
 
 def test_perturb_refuses_a_collection_over_the_period_budget_and_says_how_many_sat_out(tmp_path, capsys,

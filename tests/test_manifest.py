@@ -5,6 +5,7 @@ files and an edited key dictionary are one-line errors naming the file;
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -87,9 +88,12 @@ def test_reports_without_a_manifest_need_no_manifest(delivery, capsys):
 
 
 def test_a_rerun_of_perturb_replaces_the_earlier_run(delivery, capsys):
-    """Fewer shards the second time: the first run's extra files are removed, not left to be collected."""
-    assert cli.main(["perturb", *MECH, "--input", str(delivery["ratings"]), "--rating-range", "1,5", "--shards", "2",
-                     "--seed", "3", "--output", str(delivery["rep"] / "R.avro")]) == 0
-    assert "removed 5 file(s) of an earlier run" in capsys.readouterr().err
+    """Fewer shards the second time: refused without --overwrite (issue 39: never in silence); with it the
+    first run's extra files are removed, not left to be collected."""
+    argv = ["perturb", *MECH, "--input", str(delivery["ratings"]), "--rating-range", "1,5", "--shards", "2",
+            "--seed", "3", "--output", str(delivery["rep"] / "R.avro")]
+    assert cli.main(argv) == 2 and "pass --overwrite" in capsys.readouterr().err
+    assert cli.main([*argv, "--overwrite"]) == 0
+    assert re.search(r"--overwrite: removed \d+ file\(s\) of an earlier run", capsys.readouterr().err)
     assert sorted(p.name for p in delivery["rep"].glob("R-*.avro")) == ["R-00000.avro", "R-00001.avro"]
     assert collect(delivery) == 0

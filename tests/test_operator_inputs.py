@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from dead_letters import dead_letter
 from kvldp.pipelines import cli
 
 MECH = ["--mechanism", "pckv-grr", "--epsilon", "2"]
@@ -62,14 +63,14 @@ def test_too_many_rejected_rows_fail_the_job_after_the_dead_letter(tmp_path, cap
     code = cli.main(["perturb", *MECH, "--input", str(ratings), "--rating-range", "1,5", "--output", str(out)])
     captured = capsys.readouterr()
     assert code == 2
-    assert "rows read 100 = accepted 80 + rejected 20 [ok]" in captured.out
+    assert "rows read 100 = accepted 80 + rejected 20 [FAILED: too many rejected]" in captured.out
     assert "20 of 100 rows rejected (20.0%), more than --max-reject-rate 5.0%" in captured.err
-    dead = tmp_path / "raw" / "kvldp-rejected" / "R.rejected.jsonl"
+    dead = dead_letter(tmp_path / "raw", "R")
     reasons = [json.loads(x)["reason"] for x in dead.read_text().splitlines()]
     assert len(reasons) == 20 and all("outside the declared rating range" in r for r in reasons)
     # the operator who accepts it says so
     assert cli.main(["perturb", *MECH, "--input", str(ratings), "--rating-range", "1,5", "--output", str(out),
-                     "--max-reject-rate", "0.25"]) == 0
+                     "--max-reject-rate", "0.25", "--overwrite"]) == 0
     assert cli.main(["simulate", *MECH, "--dataset", str(ratings), "--rating-range", "1,5",
                      "--output", str(tmp_path / "e.jsonl")]) == 2
     assert "more than --max-reject-rate" in capsys.readouterr().err

@@ -381,7 +381,8 @@ def test_perturb_auto_then_collect_reads_l_from_the_reports(ratings_file, tmp_pa
                      "--output", str(reports)]) == 0
     assert "chose l = 3" in capsys.readouterr().out
     collect = ["collect", "--mechanism", "pckv-grr", "--epsilon", "4", "--input", str(tmp_path / "r" / "R*.avro"),
-               "--key-dictionary", str(tmp_path / "r" / "R.keys.txt"), "--output", str(tmp_path / "e.csv")]
+               "--key-dictionary", str(tmp_path / "r" / "R.keys.txt"), "--output", str(tmp_path / "e.csv"),
+               "--overwrite"]
     assert cli.main([*collect, "--padding", "auto"]) == 0
     assert "padding=3" in capsys.readouterr().out
     assert cli.main(collect) == 2                                  # l = 1 does not match the reports

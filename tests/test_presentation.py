@@ -51,7 +51,8 @@ def test_means_are_also_given_on_the_ratings_scale(tmp_path, capsys):
     assert_on_scale(read_estimates(str(collected)), 1.0, 5.0)
     # a range given to collect wins
     assert cli.main(["collect", *MECH, "--input", str(tmp_path / "rep" / "R-*.avro"), "--rating-range", "0,10",
-                     "--key-dictionary", str(tmp_path / "rep" / "R.keys.txt"), "--output", str(collected)]) == 0
+                     "--key-dictionary", str(tmp_path / "rep" / "R.keys.txt"), "--output", str(collected),
+                     "--overwrite"]) == 0
     assert_on_scale(read_estimates(str(collected)), 0.0, 10.0)
 
 

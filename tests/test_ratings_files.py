@@ -23,12 +23,13 @@ def perturb(tmp_path, raw: bytes, *flags, name="r.csv"):
     ratings.write_bytes(raw)
     out = tmp_path / "rep" / "R.avro"
     code = cli.main(["perturb", *MECH, "--input", str(ratings), "--rating-range", "1,5",
-                     "--output", str(out), *flags])
-    return code, out.parent / "R.keys.txt", tmp_path / "raw" / "kvldp-rejected" / "R.rejected.jsonl"
+                     "--output", str(out), "--overwrite", *flags])
+    return code, out.parent / "R.keys.txt", tmp_path / "raw" / "kvldp-rejected"
 
 
-def dead_letters(path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+def dead_letters(directory) -> list[dict]:
+    """The rows of every dead letter in ``directory`` (one file per run that rejected any)."""
+    return [json.loads(x) for f in sorted(directory.glob("*.rejected.jsonl")) for x in f.read_text().splitlines()]
 
 
 def rows(n: int, sep: str = ",") -> list[str]:
@@ -177,7 +178,7 @@ def test_an_id_that_is_not_unicode_text_is_a_dead_letter(tmp_path):
     out = tmp_path / "out"
     cli.main(["perturb", "--mechanism", "pckv-grr", "--epsilon", "1", "--padding", "1", "--rating-range", "1,5",
               "--seed", "1", "--max-reject-rate", "1", "--input", str(path), "--output", str(out / "r.avro")])
-    dead = [json.loads(line) for line in (tmp_path / "kvldp-rejected" / "r.rejected.jsonl").read_text().splitlines()]
+    dead = dead_letters(tmp_path / "kvldp-rejected")
     assert sorted(d["line"] for d in dead) == [2, 3]
     assert all("unpaired surrogate" in d["reason"] for d in dead)
 

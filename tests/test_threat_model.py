@@ -9,13 +9,13 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
 from pathlib import Path
 
 import fastavro
 import numpy as np
 import pytest
 
+from dead_letters import dead_letter
 from kvldp.pipelines import cli, run_seed
 
 SEED = 0x9E3779B97F4A7C15F39CC0605CEDC834      # a 128-bit secret (must be >= 2^64)
@@ -116,7 +116,7 @@ def test_nothing_secret_or_raw_reaches_the_collector(tmp_path, raw_side, capfd, 
     assert leaks(blobs, needles) == []
 
     # Positive control: the same needles are found where raw data belongs.
-    dead = raw / "kvldp-rejected" / "R1.rejected.jsonl"
+    dead = dead_letter(raw, "R1")
     found = leaks({"dead letter": [dead.read_bytes()]}, needles)
     assert found == ["a user id in dead letter", "an unpublished item id in dead letter",
                      "a rejected rating in dead letter"]
@@ -149,7 +149,7 @@ def test_perturb_without_a_dictionary_warns_that_it_publishes_the_items(raw_side
     assert "publishes every item id anyone rated" in err
     names = (tmp_path / "rep" / "R.keys.txt").read_text().split()
     assert set(UNLISTED) <= set(names)          # what the warning is about
-    assert os.path.exists(raw / "kvldp-rejected" / "R.rejected.jsonl")
+    assert dead_letter(raw, "R").exists()
 
 
 def secret_encodings(secret: bytes) -> set[bytes]:

@@ -39,11 +39,13 @@ def exists(path: str) -> bool:
     return FileSystems.exists(path)
 
 
-def claim(path: str, flag: str, overwrite: bool) -> bool:
+def claim(path: str, flag: str, overwrite: bool, dry_run: bool = False) -> bool:
     """Before any compute: refuse ``path`` when it exists, unless
-    ``overwrite``; returns whether an earlier output will be replaced."""
+    ``overwrite``; returns whether an earlier output will be replaced. A
+    dry run (``--dry_run``) writes nothing and asks no remote store (without
+    credentials each call retries for two minutes)."""
     check_writable(path, flag)
-    if not exists(path):
+    if (dry_run and "://" in path) or not exists(path):
         return False
     if not overwrite:
         raise ValueError(f"{flag} {path} exists (an earlier run's output); pass --overwrite to replace it, or "

@@ -88,8 +88,9 @@ def execute(config: SimulateConfig, beam_args) -> dict:
     on stderr, before or after the run, when ``l`` truncates many users."""
     data, chosen = config.data, config.mechanism
     data.check_inputs()
-    output, replaced = claim_outputs(config)
-    dead_letter = data.claim_dead_letter(output, outputs.run_id(), config.overwrite)
+    dry_run = runner.is_dry_run(beam_args)
+    output, replaced = claim_outputs(config, dry_run)
+    dead_letter = data.claim_dead_letter(output, outputs.run_id(), config.overwrite, dry_run)
     seeds = sources.Seeds.of(data)
     dataset = sources.built_in_dataset(data, seeds.data)
     dictionary, set_sizes = (None, None) if dataset is not None else sources.key_dictionary_and_sizes(data, beam_args)
@@ -143,13 +144,13 @@ def default_output(config: SimulateConfig) -> str:
     return outputs.fresh(os.path.abspath(f"estimates-{config.mechanism.name}-eps{config.mechanism.epsilon:g}.jsonl"))
 
 
-def claim_outputs(config: SimulateConfig) -> tuple[str, list[str]]:
+def claim_outputs(config: SimulateConfig, dry_run: bool = False) -> tuple[str, list[str]]:
     """Before any compute: the estimates file and the files beside it
     (``.protocol.json``, ``.counts.avro``), none an earlier run's unless
     ``--overwrite``; returns the estimates' path and what will be replaced."""
     output = config.output or default_output(config)
     replaced = [path for path in (output, output + ".protocol.json", output + ".counts.avro")
-                if outputs.claim(path, "--output", config.overwrite)]
+                if outputs.claim(path, "--output", config.overwrite, dry_run)]
     return output, replaced
 
 

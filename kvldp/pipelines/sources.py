@@ -262,7 +262,7 @@ class DataConfig:
         name = FileSystems.split(output.rstrip("/"))[1] or "output"
         return FileSystems.join(input_directory(self.dataset), "kvldp-rejected", f"{name}.{run}.rejected.jsonl")
 
-    def claim_dead_letter(self, output: str, run: str, overwrite: bool) -> str | None:
+    def claim_dead_letter(self, output: str, run: str, overwrite: bool, dry_run: bool = False) -> str | None:
         """Before any compute: this run's dead-letter file (None for a
         built-in dataset, which rejects nothing), writable, and a named one
         (``--dead-letter``) not an earlier run's unless ``overwrite``."""
@@ -270,7 +270,7 @@ class DataConfig:
             return None
         path = self.dead_letter_path(output, run)
         if self.dead_letter:
-            outputs.claim(path, "--dead-letter", overwrite)
+            outputs.claim(path, "--dead-letter", overwrite, dry_run)
         else:
             outputs.check_writable(path, "--dead-letter")
         return path
@@ -439,7 +439,7 @@ def derive_dictionary_and_sizes(data: DataConfig, beam_args) -> tuple[list[str],
     with Progress():
         finish(p.run())
     with FileSystems.open(out) as fh:
-        if not fh.read(1):
+        if not fh.read(2).strip(b"\r\n"):         # the joined ids of no item: an empty line
             raise ValueError(f"--input {data.dataset} holds no rating row kvldp can read (empty files, or every "
                              "row rejected: see the dead letter of a run with --max-reject-rate 1)")
     return read_dictionary(out), read_array(sizes)

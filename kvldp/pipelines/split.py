@@ -213,8 +213,9 @@ def perturb_state(config: PerturbConfig, protocol, seed: int, dataset, key_names
 def run_perturb(config: PerturbConfig, beam_args) -> dict:
     data, chosen, prefix = config.data, config.mechanism, config.prefix
     data.check_inputs()
-    earlier = claim_prefix(prefix, config.overwrite)
-    dead_letter = data.claim_dead_letter(prefix, outputs.run_id(), config.overwrite)
+    dry_run = runner.is_dry_run(beam_args)
+    earlier = [] if dry_run and "://" in prefix else claim_prefix(prefix, config.overwrite)
+    dead_letter = data.claim_dead_letter(prefix, outputs.run_id(), config.overwrite, dry_run)
     seeds = sources.Seeds.of(data)
     dataset = sources.built_in_dataset(data, seeds.data)
     dictionary, set_sizes = (None, None) if dataset is not None else sources.key_dictionary_and_sizes(data, beam_args)
@@ -414,7 +415,7 @@ def run_collect(config: CollectConfig, beam_args) -> dict:
     replaced = [path for flag, path in (("--output", config.output),
                                         ("--broadcast-out", config.broadcast_out or config.output + ".broadcast.avro"),
                                         ("--counts-out", config.counts_out or config.output + ".counts.avro"))
-                if outputs.claim(path, flag, config.overwrite)]
+                if outputs.claim(path, flag, config.overwrite, runner.is_dry_run(beam_args))]
     chosen, ioh_keys = config.mechanism, None
     if chosen.takes_ioh_keys():
         # the chosen keys travel with the reports; --ioh-keys may restate them

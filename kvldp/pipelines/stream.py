@@ -321,9 +321,18 @@ def _install_sigint(monitor: Monitor):
     return signal.signal(signal.SIGINT, lambda *_: monitor.request_stop("SIGINT"))
 
 
+def reads_pubsub_here(beam_args) -> bool:
+    """Whether this process's job reads Pub/Sub (the local streaming runner,
+    not a dry run); Dataflow's workers read it with the service's credentials."""
+    options = PipelineOptions(list(beam_args))
+    runner_name = (options.view_as(StandardOptions).runner or "DirectRunner").rsplit(".", 1)[-1]
+    return runner_name in ("DirectRunner", "SwitchingDirectRunner") and not runner.is_dry_run(beam_args)
+
+
 def run(config: StreamConfig, beam_args) -> dict:
     extras.require_gcp("Pub/Sub")
-    check_reachable(subscription=config.subscription)
+    if reads_pubsub_here(beam_args):
+        check_reachable(subscription=config.subscription)
     names = split.collect_key_names(config)
     protocol = config.mechanism.make(len(names), ioh_keys=(
         mechanism_args.named_keys(config.mechanism.ioh_keys, names) if config.mechanism.ioh_keys else None))
