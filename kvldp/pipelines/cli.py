@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import sys
 from collections.abc import Callable
 
 from kvldp.pipelines import (
     advise,
     bench,
+    console,
     evaluate,
     failures,
     portable,
@@ -100,29 +100,9 @@ def subcommand_parser(top: argparse.ArgumentParser, command: str) -> argparse.Ar
     return subparsers.choices[command]
 
 
-def set_up_logging() -> None:
-    """What the command prints of Beam's logs (warnings, one line per failed
-    element: ``failures``) and of kvldp's notes (``kvldp.*`` at INFO, e.g.
-    that a job runs on stock Beam)."""
-    logging.getLogger("apache_beam").setLevel(logging.WARNING)
-    logging.getLogger(runner.InMemoryWorkersNotice.LOGGER).addFilter(runner.InMemoryWorkersNotice())
-    # Beam's notice that a file sink replaces its target: kvldp refuses an existing output unless
-    # --overwrite, and then says itself what it replaced
-    logging.getLogger("apache_beam.io.filebasedsink").addFilter(
-        lambda record: not str(record.msg).startswith("Deleting %d existing files in target path"))
-    failures.quiet_worker_tracebacks()
-    ours = logging.getLogger("kvldp")
-    if not ours.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        ours.addHandler(handler)
-        ours.setLevel(logging.INFO)
-        ours.propagate = False
-
-
 def interrupted(stop: BaseException) -> str:
     """The one line an interrupted command prints."""
-    if isinstance(stop, evaluate.SweepInterrupted):
+    if isinstance(stop, sweep.SweepInterrupted):
         return str(stop)            # what the sweep kept
     name = stop.args[0] if isinstance(stop, sweep.Interrupted) else "SIGINT"
     return f"interrupted by {name}: stopped, its temporary files removed, no output half-written"
@@ -132,7 +112,7 @@ def main(argv=None) -> int:
     """The command (the console script enters through ``runtime.start``,
     which sets the process up first)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    set_up_logging()
+    console.set_up_logging()
     top = parser()
     args, beam_args = top.parse_known_args(argv)
     try:

@@ -462,5 +462,4 @@ def run(config: EvaluateConfig, beam_args) -> dict:
     return {"results": str(results), "figures": [str(p) for p in pngs], "ran": len(todo)}
 
 
-class SweepInterrupted(KeyboardInterrupt):
-    """An evaluate sweep stopped by a signal (the CLI exits 130 with its message)."""
+SweepInterrupted = sweep.SweepInterrupted      # one stop for evaluate and evaluate --collections

@@ -253,7 +253,13 @@ def run(config) -> dict:
         sweep.write_csv_atomically(results, FIELDS, store.rows(wanted))
         progress.update()
 
-    sweep.run_cells(functools.partial(run_cell_task, config), todo, config.parallel, finished)
+    try:
+        sweep.run_cells(functools.partial(run_cell_task, config), todo, config.parallel, finished)
+    except sweep.Interrupted as stop:
+        progress.close()
+        done = len(fps) - len(todo) + progress.n
+        raise sweep.SweepInterrupted(f"stopped by {stop}: {done} of {len(fps)} cells are in {results}; rerun the "
+                                     "same command to run the rest") from None
     progress.close()
     rows = list(store.rows(wanted))
     sweep.write_csv_atomically(results, FIELDS, rows)

@@ -119,11 +119,17 @@ def stop_on_signals():
             signal.signal(s, h)
 
 
+class SweepInterrupted(KeyboardInterrupt):
+    """A sweep stopped by a signal, with what it kept (the CLI exits 130 with its message)."""
+
+
 def _worker_init(parent: int):
     """A worker leads its own process group (a terminal's Ctrl-C goes to the
     parent alone, which then kills the group) and exits when its parent dies."""
     os.setpgrp()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from kvldp.pipelines import console  # what the command prints of Beam's logs, here too
+    console.set_up_logging()
 
     def watch():
         while os.getppid() == parent:
