@@ -9,8 +9,8 @@ writes ``$KVLDP_ESTIMATES/YYYY-MM-DD/estimates.avro`` (local paths or
 and Beam pin conflicting dependencies, so they live in separate virtualenvs.
 
 - **Idempotent.** A day's run reads only that day's directory and replaces
-  that day's estimates (Beam writes to a temporary file and renames), so
-  rerunning or backfilling a day overwrites it and never counts a report
+  that day's estimates (``--overwrite``: written to a temporary file and
+  renamed), so rerunning or backfilling a day replaces it and never counts a report
   twice; estimates live outside the reports' tree, so no run reads another's
   output.
 - **A missing day fails loudly.** ``kvldp collect`` exits 2 with ``no
@@ -50,6 +50,7 @@ def collect_command(env=os.environ) -> str:
         "--input", f"{day_reports}/R-*.avro",
         "--key-dictionary", f"{day_reports}/R.keys.txt",
         "--output", f"{day_estimates}/estimates.avro",
+        "--overwrite",              # a rerun or backfill of a day replaces that day's estimates, by design
         *shlex.split(env.get("KVLDP_BEAM_ARGS", "")),
     ]
     # no mkdir: Beam's sink creates the day's directory, and only once there is something to write
