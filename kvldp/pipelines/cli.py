@@ -105,7 +105,7 @@ def interrupted(stop: BaseException) -> str:
     if isinstance(stop, sweep.SweepInterrupted):
         return str(stop)            # what the sweep kept
     name = stop.args[0] if isinstance(stop, sweep.Interrupted) else "SIGINT"
-    return f"interrupted by {name}: stopped, its temporary files removed, no output half-written"
+    return f"interrupted by {name}: stopped, its temporary files removed"
 
 
 def main(argv=None) -> int:

@@ -84,7 +84,8 @@ def check_writable(path: str, flag: str) -> None:
         raise ValueError(f"{flag} {path}: cannot create {directory} ({err.strerror})") from None
     if not os.access(directory, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {path}: {directory} is not writable")
-    # root passes os.access on a read-only mount: try it
+    # os.access misses some refusals (an immutable directory, ACLs, some network and FUSE mounts; and root
+    # passes it everywhere): try the write itself, so it fails here rather than after the compute
     probe = os.path.join(directory, f".kvldp-write-probe-{secrets.token_hex(4)}")
     try:
         with open(probe, "wb"):

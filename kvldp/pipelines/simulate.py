@@ -165,8 +165,7 @@ def run(config: SimulateConfig, beam_args) -> dict:
         info = out["protocol"]
         print(f"rounds run: {info['rounds_run']} of at most {info['max_rounds']}; "
               f"epsilon spent per user: {info['epsilon_spent']:.6g} of {mechanism.epsilon:g}")
-    failure = config.data.reject_rate_failure(stats, out["dead_letter"])
-    runner.print_row_summary(stats, failed=failure is not None)
+    failure = config.data.account_rows(stats, out["dead_letter"])
     if failure:
         raise sources.TooManyRejected(failure)
     report.print_table(records, config.rows, rating_range=out["rating_range"])

@@ -23,6 +23,7 @@ from kvldp.pipelines.runner import (
     Progress,
     finish,
     make_pipeline,
+    print_row_summary,
     read_array,
     save_array,
     scratch_path,
@@ -303,12 +304,12 @@ class DataConfig:
                     "--key-dictionary, columns) or raise --max-reject-rate")
         return None
 
-    def check_reject_rate(self, stats: dict, dead_letter: str | None) -> None:
-        """After the run: fail when more than ``max_reject_rate`` of the rows
-        were rejected (``reject_rate_failure``)."""
+    def account_rows(self, stats: dict, dead_letter: str | None) -> str | None:
+        """After the run: print ``rows read = accepted + rejected``, marked
+        failed when ``reject_rate_failure`` says why; returns that reason."""
         failure = self.reject_rate_failure(stats, dead_letter)
-        if failure:
-            raise TooManyRejected(failure)
+        print_row_summary(stats, failed=failure is not None)
+        return failure
 
     def read_ratings(self, dictionary: Sequence[str] | None, stable_ids: bool = True,
                      spill: str | None = None) -> ReadRatings:
@@ -334,9 +335,6 @@ def matched(pattern: str) -> list[str]:
 def matches(pattern: str) -> bool:
     """Whether a file pattern (local or any Beam filesystem) matches a file."""
     return bool(matched(pattern))
-
-
-check_writable = outputs.check_writable
 
 
 def input_directory(pattern: str) -> str:

@@ -234,9 +234,9 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
     devices.warn_unless_stable(mechanism, dictionary is not None and not data.key_dictionary,
                                chosen.get("padding") == AUTO)
     gate = config.ledger.gate(mechanism, seeds.perturb, state.collection.id, beam_args)
-    if earlier and not runner.is_dry_run(beam_args):       # a dry run touches no file
-        manifest.clear(prefix)
-        print(f"--overwrite: removed {len(earlier)} file(s) of an earlier run under {prefix}", file=sys.stderr)
+    if earlier and not dry_run:       # a dry run touches no file
+        removed = manifest.clear(prefix)          # the key dictionary is rewritten by this run
+        print(f"--overwrite: removed {len(removed)} file(s) of an earlier run under {prefix}", file=sys.stderr)
     p = runner.make_pipeline(beam_args)
     source = sources.user_source(p, data, dataset, dictionary, devices.needs_stable_ids(mechanism, gate))
     padding.attach(source.users, beam_args)       # set sizes measured in this job when not known yet
@@ -253,10 +253,9 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
     stats = runner.counters(result)
     if not outputs.drop_if_empty(dead_letter):     # a run that rejected nothing leaves no dead letter
         dead_letter = None
-    failure = data.reject_rate_failure(stats, dead_letter)
+    failure = data.account_rows(stats, dead_letter)
     # a failed ingest is delivered as failed: its manifest says so, and collect refuses it
     written = manifest.write_manifest(prefix, round_cfg, key_names, data.rating_scale(dataset), failure=failure)
-    runner.print_row_summary(stats, failed=failure is not None)
     if failure:
         raise sources.TooManyRejected(f"{failure}; the reports under {prefix} are marked failed in "
                                       f"{manifest.manifest_path(prefix)} and collect refuses them")
