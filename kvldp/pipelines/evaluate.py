@@ -445,7 +445,7 @@ def run(config: EvaluateConfig, beam_args) -> dict:
     except sweep.Interrupted as stop:
         progress.close()
         done = sum(store.done(*w) for w in wanted)
-        raise SweepInterrupted(f"stopped by {stop}: {done} of {len(pairs)} (cell, post-processing) pairs are in "
+        raise sweep.SweepInterrupted(f"stopped by {stop}: {done} of {len(pairs)} (cell, post-processing) pairs are in "
                                f"{results}; rerun the same command to run the rest") from None
     progress.close()
     sweep.write_csv_atomically(results, FIELDS, store.rows(wanted))
@@ -461,5 +461,3 @@ def run(config: EvaluateConfig, beam_args) -> dict:
         print(f"figure: {png}")
     return {"results": str(results), "figures": [str(p) for p in pngs], "ran": len(todo)}
 
-
-SweepInterrupted = sweep.SweepInterrupted      # one stop for evaluate and evaluate --collections

@@ -81,12 +81,14 @@ def _occupied_partitions(inputs, num_workers: int) -> int:
     return len(occupied)
 
 
-def applied(swaps) -> contextlib.ExitStack:
-    """A context in which every swap of ``swaps`` is applied."""
-    stack = contextlib.ExitStack()
-    for swap in swaps:
-        stack.enter_context(swap.applied())
-    return stack
+@contextlib.contextmanager
+def applied(swaps):
+    """A context in which every swap of ``swaps`` is applied (from its entry,
+    not from the call that makes it)."""
+    with contextlib.ExitStack() as stack:
+        for swap in swaps:
+            stack.enter_context(swap.applied())
+        yield
 
 
 def graph_swaps(chosen: frozenset[str]) -> list[tweaks.Swap]:
