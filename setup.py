@@ -38,7 +38,10 @@ setup(
         "gcp": ["apache-beam[gcp]>=2.62,<2.78"],
         # the tests cover Pub/Sub (emulator) and the Dataflow template too
         # (pytest-xdist: the suite runs its files on every core, ``-n auto --dist loadfile``)
-        "test": ["pytest>=7", "pytest-xdist>=3.5", "gcp-storage-emulator>=2026.7.18", "apache-beam[gcp]>=2.62,<2.78"],
+        # kvldp publish --kafka-bootstrap (the collector reads Kafka with Beam's KafkaIO on Flink)
+        "kafka": ["confluent-kafka>=2.6,<3"],
+        "test": ["pytest>=7", "pytest-xdist>=3.5", "gcp-storage-emulator>=2026.7.18", "apache-beam[gcp]>=2.62,<2.78",
+                 "confluent-kafka>=2.6,<3"],
         # kvldp bench --sweep --kernels: the peer LDP libraries, timed next to kvldp
         "bench": ["pure-ldp==1.2.0", "multi-freq-ldpy==0.2.5", "scikit-learn", "statsmodels"],   # pure-LDP imports both
     },

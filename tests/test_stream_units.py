@@ -44,16 +44,24 @@ def _reports(seed: int = 1):
     return MECH.perturb(users, np.random.default_rng(seed))
 
 
-def _message(reports, config=CONFIG, round_number=1, event_ms=None, **override):
+RUN = "0123456789abcdef"
+
+
+def _message(reports, config=CONFIG, round_number=1, event_ms=None, run=RUN, **override):
     attrs = envelope.message_attributes(config, 3, round_number,
-                                        int(time.time() * 1000) if event_ms is None else event_ms)
+                                        int(time.time() * 1000) if event_ms is None else event_ms, run)
     attrs.update(override)
     return PubsubMessage(envelope.reports_bytes(reports, config), attrs)
 
 
-def _check(message):
+def _check(message, timestamp_ms=None):
+    """The check of one message, timestamped with its event time (as the
+    sources stamp it) unless ``timestamp_ms`` says otherwise."""
     fn = CheckMessageFn(MECH, expected_rounds(MECH, [CONFIG]), max_future=60.0, job="units")
-    return list(fn.process(message))
+    if timestamp_ms is None:
+        stated = (message.attributes or {}).get(envelope.EVENT_MS, "")
+        timestamp_ms = int(stated) if stated.isdigit() else int(time.time() * 1000)
+    return list(fn.process(message, timestamp=Timestamp.of(timestamp_ms / 1000)))
 
 
 def test_a_report_batch_survives_the_envelope():
@@ -63,8 +71,8 @@ def test_a_report_batch_survives_the_envelope():
     assert container.config == CONFIG and container.columnar and container.kind == "report"
     [decoded] = container.batches(MECH, 0)
     assert decoded.equals(reports)
-    attrs = envelope.message_attributes(CONFIG, 7, 1, 123)
-    assert attrs[envelope.MESSAGE_ID] == envelope.message_id(envelope.config_fingerprint(CONFIG), 1, 7)
+    attrs = envelope.message_attributes(CONFIG, 7, 1, 123, RUN)
+    assert attrs[envelope.MESSAGE_ID] == envelope.message_id(envelope.config_fingerprint(CONFIG), 1, 7, RUN)
     assert attrs[envelope.EVENT_MS] == "123" and attrs[envelope.BATCH] == "7"
     other = dict(CONFIG, epsilon=3.0)
     assert envelope.config_fingerprint(other) != envelope.config_fingerprint(CONFIG)
@@ -73,8 +81,20 @@ def test_a_report_batch_survives_the_envelope():
 def test_check_accepts_this_collections_batch_with_its_id():
     reports = _reports()
     [(ident, got)] = _check(_message(reports))
-    assert ident == envelope.message_id(envelope.config_fingerprint(CONFIG), 1, 3)
+    assert ident == envelope.message_id(envelope.config_fingerprint(CONFIG), 1, 3, RUN)
     assert got.reports.equals(reports) and got.reports.batch_id == 3 and got.round_index == 0
+
+
+def test_two_publishing_runs_of_the_same_batch_have_two_ids():
+    """Issue 40: the id had no run component, so a second run with the same
+    settings was dropped as a duplicate of the first; a redelivery of one
+    run's message keeps its id (counted once)."""
+    reports = _reports()
+    first, second = envelope.new_run(), envelope.new_run()
+    [(id_a, _)] = _check(_message(reports, run=first))
+    [(id_b, _)] = _check(_message(reports, run=second))
+    [(id_again, _)] = _check(_message(reports, run=first))
+    assert id_a != id_b and id_again == id_a
 
 
 @pytest.mark.parametrize("case, reason", [
@@ -84,6 +104,10 @@ def test_check_accepts_this_collections_batch_with_its_id():
     ("an hour ahead", "future event time"),
     ("garbage body", "undecodable body"),
     ("body of another config", "undecodable body"),
+    ("garbage without attributes", "malformed attributes"),
+    ("batch not a number", "malformed attributes"),
+    ("no run attribute", "malformed attributes"),
+    ("timestamp is not the event time", "malformed attributes"),
 ])
 def test_check_refuses_with_the_reason(case, reason):
     reports = _reports()
@@ -97,10 +121,21 @@ def test_check_refuses_with_the_reason(case, reason):
         "garbage body": lambda: PubsubMessage(b"not avro", _message(reports).attributes),
         "body of another config": lambda: PubsubMessage(envelope.reports_bytes(reports, dict(CONFIG, d=7)),
                                                         _message(reports).attributes),
+        "garbage without attributes": lambda: PubsubMessage(b"garbage", None),
+        "batch not a number": lambda: _message(reports, **{envelope.BATCH: "3x"}),
+        "no run attribute": lambda: PubsubMessage(
+            envelope.reports_bytes(reports, CONFIG),
+            {k: v for k, v in _message(reports).attributes.items() if k != envelope.RUN}),
+        "timestamp is not the event time": lambda: _message(reports),
     }[case]()
-    [out] = _check(message)
+    skew = 5_000 if case == "timestamp is not the event time" else 0
+    [out] = _check(message, None if not skew else int(message.attributes[envelope.EVENT_MS]) - skew)
     assert out.tag == DEAD_LETTER and out.value["reason"] == reason
-    assert out.value["attributes"] == dict(message.attributes)       # enough to find and replay it
+    assert out.value["attributes"] == dict(message.attributes or {})       # enough to find and replay it
+    if case == "garbage without attributes":        # it said "config fingerprint" before issue 40
+        assert "no kvldp_fingerprint" in out.value["detail"]
+    if case == "batch not a number":
+        assert "kvldp_batch is '3x'" in out.value["detail"]
 
 
 def test_lateness_gate_keeps_open_windows_only():
@@ -141,8 +176,10 @@ def test_every_dead_letter_is_counted_as_it_is_made():
     forget(job)
     check = CheckMessageFn(MECH, expected_rounds(MECH, [CONFIG]), max_future=60.0, job=job)
     reports = _reports()
-    list(check.process(_message(reports)))                                      # accepted
-    list(check.process(PubsubMessage(b"not avro", _message(reports).attributes)))
+    message = _message(reports)
+    stamp = Timestamp.of(int(message.attributes[envelope.EVENT_MS]) / 1000)
+    list(check.process(message, stamp))                                                   # accepted
+    list(check.process(PubsubMessage(b"not avro", message.attributes), stamp))
     assert tally(job)[DEAD_LETTERS_EMITTED] == 1
     gate = LatenessGateFn(WindowSpec(size=10, allowed_lateness=5), job=job)
     list(gate.process(RoundBatch(0, "", "", reports), Timestamp.of(time.time() - 3)))     # in time

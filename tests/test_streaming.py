@@ -65,6 +65,11 @@ def run_stream(argv) -> dict:
     return stream.run(config, beam_args)
 
 
+def run_publish(argv) -> dict:
+    _, config, beam_args = cli.configure(argv)
+    return publish.run(config, beam_args)
+
+
 def panes(out: Path) -> dict[tuple[int, int], list[dict]]:
     """Pane records by window, each window's panes in index order."""
     by_window: dict = {}
@@ -120,16 +125,17 @@ def test_each_window_equals_collect_over_its_reports(pubsub, tmp_path, mechanism
     assert len(files) == 210
     start = window_start_ms(lead_s=8.0, size_s=size)
     spread = 3 * size - 0.2
-    assert cli.main(["publish", "--mechanism", mechanism, "--epsilon", str(eps), "--keys", str(D),
-                     "--users", "21000", "--batch-size", "100", "--seed", "7", "--dataset", "synthetic-gg",
-                     "--output", str(tmp_path / "published" / "R.avro"), "--topic", topic,
-                     "--event-time", str(start), "--event-time-spread", f"{spread}s"]) == 0
+    sent = run_publish(["publish", "--mechanism", mechanism, "--epsilon", str(eps), "--keys", str(D),
+                        "--users", "21000", "--batch-size", "100", "--seed", "7", "--dataset", "synthetic-gg",
+                        "--output", str(tmp_path / "published" / "R.avro"), "--topic", topic,
+                        "--event-time", str(start), "--event-time-spread", f"{spread}s"])["sent"]
     times = publish.spread_event_times(len(files), start, spread)
     # the same reports as perturb's: publish perturbs exactly as perturb does
     published = publish.report_files(str(tmp_path / "published" / "R"))
     assert [container(a) for _, a in published] == [container(b) for _, b in files]
     again = list(range(0, len(files), 10))                                   # 21 redeliveries
-    publish.publish_report_files([files[i] for i in again], topic, [times[i] for i in again])
+    publish.publish_report_files([files[i] for i in again], topic, [times[i] for i in again],
+                                 run=sent[0][envelope.RUN])               # the same messages again
     other = perturb(tmp_path, "other", mechanism, 3.0, users=100, batch=100)
     publish.publish_report_files(other, topic, [start])
     out_topic, out_sub = pubsub.topic_and_subscription("panes")
@@ -163,6 +169,49 @@ def test_each_window_equals_collect_over_its_reports(pubsub, tmp_path, mechanism
         counts = [p[0]["n_reports"] for p in ps]
         assert counts == sorted(counts)                                      # accumulating panes
         assert all(p[0]["pane_timing"] == "EARLY" for p in ps[:-1])
+
+
+def test_two_runs_with_the_same_settings_both_count(pubsub, tmp_path):  # noqa: F811
+    """Issue 40: a batch's id had no run component, so the second of two
+    ``publish`` runs with the same settings (here even the same seed) was
+    dropped as duplicates of the first, visible only in a counter. Each run
+    is its own devices: both count."""
+    mechanism, eps, size = "pckv-ue", 2.0, 4.0
+    topic, sub = pubsub.topic_and_subscription("two-runs")
+    start = window_start_ms(lead_s=8.0, size_s=size)
+    argv = ["publish", "--mechanism", mechanism, "--epsilon", str(eps), "--keys", str(D), "--users", "2000",
+            "--batch-size", "100", "--seed", "7", "--dataset", "synthetic-gg", "--topic", topic,
+            "--event-time", str(start), "--event-time-spread", f"{size / 2}s"]
+    runs = [run_publish(argv + ["--output", str(tmp_path / f"run{k}" / "R.avro")]) for k in (1, 2)]
+    assert runs[0]["sent"][0][envelope.RUN] != runs[1]["sent"][0][envelope.RUN]
+    result = run_stream(stream_argv(mechanism, eps, sub, tmp_path, size, "--stop-after-windows", "1",
+                                    "--max-runtime", "60s"))
+    stats = result["stats"]
+    assert stats["messages_read"] == 40 and stats["batches_unique"] == 40 and stats["batches_accepted"] == 40
+    [(_, ps)] = panes(tmp_path).items()
+    assert ps[-1][0]["pane_timing"] == "ON_TIME" and ps[-1][0]["n_reports"] == 4000
+
+
+def test_stop_after_windows_closes_every_window_it_opened(pubsub, tmp_path):  # noqa: F811
+    """Issue 40: the README's demo spans one window more than
+    ``--stop-after-windows`` counts; the job stopped with that window's
+    early panes only, and its batches went to the dead letter as late on
+    the next start. The stop now waits for the on-time pane of every window
+    that opened."""
+    mechanism, eps, size = "pckv-ue", 2.0, 4.0
+    topic, sub = pubsub.topic_and_subscription("close-windows")
+    files = perturb(tmp_path, "reports", mechanism, eps, users=2_000, batch=100)
+    start = window_start_ms(lead_s=8.0, size_s=size)
+    times = [start + 2_000 + 200 * i for i in range(len(files))]          # window 1's second half, then window 2
+    publish.publish_report_files(files, topic, times)
+    result = run_stream(stream_argv(mechanism, eps, sub, tmp_path, size, "--early-every", "1s",
+                                    "--stop-after-windows", "1", "--max-runtime", "90s"))
+    windows = panes(tmp_path)
+    assert len(windows) == 2
+    for (w_start, w_end), ps in windows.items():
+        assert ps[-1][0]["pane_timing"] == "ON_TIME", [p[0]["pane_timing"] for p in ps]
+        assert ps[-1][0]["n_reports"] == 100 * sum(w_start <= t < w_end for t in times)
+    assert result["stats"]["windows_opened"] == result["stats"]["panes_on_time"] == 2
 
 
 def test_late_batches_get_a_late_pane_or_the_dead_letter(pubsub, tmp_path):  # noqa: F811

@@ -4,7 +4,9 @@ kvldp installs Beam without its ``gcp`` extra (``setup.py``: importing
 Beam imports every client that extra brings, 0.45 s of each command's
 start). ``gs://`` paths need only ``google-cloud-storage``, a base
 dependency; Pub/Sub (``kvldp stream``, ``kvldp publish``) and the Dataflow
-runner need the extra, and say so before any job starts.
+runner need the extra, and say so before any job starts. Publishing to
+Kafka needs the ``kafka`` extra (``confluent-kafka``); the collector reads
+Kafka through Beam's Java KafkaIO on the Flink job server.
 """
 from __future__ import annotations
 
@@ -35,3 +37,9 @@ def require_gcp(use: str) -> None:
     absent = missing(GCP_MODULES[use])
     if absent:
         raise ValueError(f"{use} needs Beam's gcp extra ({', '.join(absent)} not installed): {GCP_EXTRA}")
+
+
+def require(module: str, use: str, extra: str) -> None:
+    """Refuse ``use`` when ``module`` (of kvldp's ``extra``) is not installed."""
+    if missing((module,)):
+        raise ValueError(f"{use} needs {module} (not installed): pip install 'kvldp[{extra}]'")

@@ -26,8 +26,8 @@ import fastavro
 from apache_beam.io.filesystems import FileSystems
 
 from kvldp.mechanisms.randomness import fresh_seed
-from kvldp.pipelines import extras, split
-from kvldp.pipelines.pubsub_admin import check_reachable, ensure_subscription, ensure_topic
+from kvldp.pipelines import extras, kafka_admin, split
+from kvldp.pipelines.pubsub_admin import PubSubSink, check_reachable, ensure_subscription, ensure_topic
 from kvldp.pipelines.split import PerturbConfig
 from kvldp.pipelines.units import parse_duration, parse_instant_ms, pubsub_path
 from kvldp.schemas import envelope
@@ -35,10 +35,18 @@ from kvldp.schemas import envelope
 
 def add_arguments(parser: argparse.ArgumentParser):
     split.add_perturb_arguments(parser, output_required=False)
-    pub = parser.add_argument_group("publishing")
-    pub.add_argument("--topic", required=True, type=pubsub_path("topics"),
+    pub = parser.add_argument_group("publishing (to Pub/Sub: --topic; to Kafka: --kafka-bootstrap and --kafka-topic)")
+    pub.add_argument("--topic", default=None, type=pubsub_path("topics"),
                      help="projects/PROJECT/topics/TOPIC (with PUBSUB_EMULATOR_HOST set: the emulator's)")
-    pub.add_argument("--create-topic", action="store_true", help="create --topic if it does not exist")
+    pub.add_argument("--kafka-bootstrap", default=None, type=kafka_admin.bootstrap_arg,
+                     help="HOST:PORT of a Kafka broker (deploy/kafka/kafka.sh start): publish there instead")
+    pub.add_argument("--kafka-topic", default=None, type=kafka_admin.topic_arg,
+                     help="the Kafka topic the report batches go to (one record per batch)")
+    pub.add_argument("--kafka-partitions", default=2, type=int,
+                     help="partitions of a Kafka topic made by --create-topic (default 2: a collector on Flink "
+                          "reads one per task)")
+    pub.add_argument("--create-topic", action="store_true",
+                     help="create --topic (or --kafka-topic) if it does not exist")
     pub.add_argument("--rate", type=float, default=None, help="batches (messages) per second; default: at once")
     pub.add_argument("--event-time", type=parse_instant_ms, default="now",
                      help="event time of the first batch: now, ms since the epoch or ISO-8601 (default now)")
@@ -64,7 +72,7 @@ class PublishConfig:
     spread of the event times (seconds)."""
 
     perturb: PerturbConfig
-    topic: str
+    topic: str | None
     rate: float | None = None
     event_time_ms: int | None = None
     event_time_spread: float = 0.0
@@ -73,8 +81,17 @@ class PublishConfig:
     broadcast_topic: str | None = None
     broadcast_timeout: float = 600.0
     window: float | None = None
+    kafka_bootstrap: str | None = None
+    kafka_topic: str | None = None
+    kafka_partitions: int = 2
 
     def __post_init__(self):
+        if bool(self.kafka_bootstrap) != bool(self.kafka_topic):
+            raise ValueError("Kafka needs both --kafka-bootstrap and --kafka-topic")
+        if bool(self.topic) == bool(self.kafka_topic):
+            raise ValueError("publish to one place: --topic (Pub/Sub) or --kafka-bootstrap/--kafka-topic (Kafka)")
+        if self.kafka_partitions < 1:
+            raise ValueError(f"--kafka-partitions must be >= 1, got {self.kafka_partitions}")
         if self.rate is not None and not self.rate > 0:
             raise ValueError(f"--rate must be > 0, got {self.rate}")
         if self.event_time_spread < 0:
@@ -84,7 +101,17 @@ class PublishConfig:
     def from_args(cls, args) -> PublishConfig:
         return cls(PerturbConfig.from_args(args), args.topic, args.rate, args.event_time, args.event_time_spread,
                    args.create_topic, args.broadcast_subscription, args.broadcast_topic, args.broadcast_timeout,
-                   args.window)
+                   args.window, args.kafka_bootstrap, args.kafka_topic, args.kafka_partitions)
+
+    @property
+    def destination(self) -> str:
+        return f"kafka://{self.kafka_bootstrap}/{self.kafka_topic}" if self.kafka_topic else self.topic
+
+    def sink(self):
+        """Where the batches go: a ``kafka_admin.KafkaSink`` or a ``pubsub_admin.PubSubSink``."""
+        if self.kafka_topic:
+            return kafka_admin.KafkaSink(self.kafka_bootstrap, self.kafka_topic)
+        return PubSubSink(self.topic)
 
 
 _BATCH_FILE = re.compile(r"-(\d+)\.avro$")
@@ -106,19 +133,22 @@ def spread_event_times(n: int, start_ms: int, spread_s: float) -> list[int]:
     return [start_ms + round(1000 * spread_s * i / n) for i in range(n)]
 
 
-def publish_report_files(files: Sequence[tuple[int, str]], topic: str, event_ms: Sequence[int],
-                         round_number: int = 1, rate: float | None = None, publisher=None,
+def publish_report_files(files: Sequence[tuple[int, str]], sink, event_ms: Sequence[int],
+                         round_number: int = 1, rate: float | None = None,
                          on_publish: Callable[[int, dict], None] | None = None,
-                         broadcast: str | None = None) -> list[dict]:
-    """Publish each report file as one message; return the attributes sent
-    (``broadcast``: the id of the broadcast the reports were perturbed with).
+                         broadcast: str | None = None, run: str | None = None) -> list[dict]:
+    """Publish each report file as one message to ``sink`` (a
+    ``pubsub_admin.PubSubSink``, a ``kafka_admin.KafkaSink``, or a Pub/Sub
+    topic's path); return the attributes sent (``broadcast``: the id of the
+    broadcast the reports were perturbed with; ``run``: the publishing
+    run's nonce, ``envelope.new_run()`` by default).
 
-    The message id attribute depends only on the configuration, round and
-    batch, so publishing a file twice is a redelivery the collector
-    deduplicates."""
-    from google.cloud import pubsub_v1
-    publisher = publisher or pubsub_v1.PublisherClient()
-    futures, sent = [], []
+    The message id attribute is (configuration, round, batch, run): sending
+    a file again with the same ``run`` is a redelivery the collector counts
+    once; another run's batches are other devices' and all count."""
+    sink = PubSubSink(sink) if isinstance(sink, str) else sink
+    run = run or envelope.new_run()
+    sent = []
     start = time.monotonic()
     for i, ((batch, path), when) in enumerate(zip(files, event_ms, strict=True)):
         if rate:
@@ -130,13 +160,12 @@ def publish_report_files(files: Sequence[tuple[int, str]], topic: str, event_ms:
         config = envelope.ReportContainer(io.BytesIO(body)).config
         if config is None:
             raise ValueError(f"{path} carries no configuration (not written by kvldp perturb?)")
-        attributes = envelope.message_attributes(config, batch, round_number, when, broadcast)
-        futures.append(publisher.publish(topic, body, **attributes))
+        attributes = envelope.message_attributes(config, batch, round_number, when, run, broadcast)
+        sink.send(body, attributes, when, attributes[envelope.MESSAGE_ID])
         sent.append(attributes)
         if on_publish is not None:
             on_publish(i, attributes)
-    for future in futures:
-        future.result(timeout=60)
+    sink.flush()
     return sent
 
 
@@ -179,8 +208,8 @@ def discard_pending(subscription: str, subscriber=None) -> int:
         dropped += len(response.received_messages)
 
 
-def _publish_round(config: PublishConfig, perturb: PerturbConfig, beam_args, broadcast: str | None = None,
-                   window_ms: int | None = None) -> dict:
+def _publish_round(config: PublishConfig, perturb: PerturbConfig, beam_args, run: str,
+                   broadcast: str | None = None, window_ms: int | None = None) -> dict:
     """Perturb one round and publish it. Event times: from ``--event-time``
     if given, else from when they are published; with ``window_ms`` (a
     multi-round protocol) kept inside one of the collector's windows
@@ -198,28 +227,38 @@ def _publish_round(config: PublishConfig, perturb: PerturbConfig, beam_args, bro
         start_ms = now
     times = spread_event_times(len(files), start_ms, config.event_time_spread)
     began = time.perf_counter()
-    sent = publish_report_files(files, config.topic, times, perturb.round, config.rate, broadcast=broadcast)
+    sent = publish_report_files(files, config.sink(), times, perturb.round, config.rate, broadcast=broadcast,
+                                run=run)
     seconds = time.perf_counter() - began
     users = done["stats"].get("reports_written", 0)
     label = f" round {perturb.round}" if done["mechanism"].max_rounds > 1 else ""
     print(f"published {len(sent)} report batches{label} ({users} users) of {done['mechanism']!r} to "
-          f"{config.topic} in {seconds:.1f} s; event times {times[0]} … {times[-1]} ms; fingerprint "
+          f"{config.destination} in {seconds:.1f} s (run {run}); event times {times[0]} … {times[-1]} ms; fingerprint "
           f"{sent[0][envelope.FINGERPRINT][:16]}…", flush=True)
     return {**done, "sent": sent, "files": files, "event_ms": times, "seconds": seconds}
 
 
 def run(config: PublishConfig, beam_args) -> dict:
-    extras.require_gcp("Pub/Sub")
     perturb = config.perturb
     rounds = perturb.mechanism.make(2).max_rounds
+    if config.kafka_topic and rounds > 1:
+        raise ValueError(f"{perturb.mechanism.name} runs {rounds} rounds: its broadcasts travel on Pub/Sub, so "
+                         "publish it with --topic (multi-round collection over Kafka is not supported yet)")
+    if not config.kafka_topic or config.broadcast_subscription:
+        extras.require_gcp("Pub/Sub")
     if rounds > 1 and (not config.broadcast_subscription or not config.window):
         raise ValueError(f"{perturb.mechanism.name} runs {rounds} rounds: give --broadcast-subscription (where "
                          "kvldp stream --broadcast-topic publishes each round's broadcast) and --window (the "
                          "collector's window length)")
     window_ms = round(config.window * 1000) if rounds > 1 else None
-    check_reachable(topic=config.topic, subscription=config.broadcast_subscription)
-    if config.create_topic and ensure_topic(config.topic):
-        print(f"created topic {config.topic}")
+    if config.kafka_topic:
+        if kafka_admin.check_topic(config.kafka_bootstrap, config.kafka_topic, config.create_topic,
+                                   config.kafka_partitions):
+            print(f"created Kafka topic {config.kafka_topic} ({config.kafka_partitions} partitions)")
+    else:
+        check_reachable(topic=config.topic, subscription=config.broadcast_subscription)
+        if config.create_topic and ensure_topic(config.topic):
+            print(f"created topic {config.topic}")
     if config.broadcast_topic and ensure_subscription(config.broadcast_subscription, config.broadcast_topic):
         print(f"created subscription {config.broadcast_subscription} on {config.broadcast_topic}")
     if rounds > 1:
@@ -232,7 +271,8 @@ def run(config: PublishConfig, beam_args) -> dict:
     if rounds > 1 and perturb.data.seed is None:
         # every round must see the same users: one fresh secret seed for the whole collection
         perturb = dataclasses.replace(perturb, data=dataclasses.replace(perturb.data, seed=fresh_seed()))
-    first = _publish_round(config, perturb, beam_args, window_ms=window_ms)
+    run_nonce = envelope.new_run()      # one per publish: every round's batches are this run's devices
+    first = _publish_round(config, perturb, beam_args, run_nonce, window_ms=window_ms)
     out = {**first, "rounds": [first]}
     if rounds == 1:
         return out
@@ -255,7 +295,7 @@ def run(config: PublishConfig, beam_args) -> dict:
             raise ValueError(f"the broadcast of round {r - 1} does not match its id {claimed}")
         this = dataclasses.replace(perturb, round=r, broadcast=path, collection_id=cid,
                                    output=f"{base}.round{r}.avro")
-        out["rounds"].append(_publish_round(config, this, beam_args, claimed, window_ms=window_ms))
+        out["rounds"].append(_publish_round(config, this, beam_args, run_nonce, claimed, window_ms=window_ms))
     return out
 
 

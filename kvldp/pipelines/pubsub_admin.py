@@ -63,3 +63,23 @@ def check_reachable(topic: str | None = None, subscription: str | None = None,
     except (api.DeadlineExceeded, api.ServiceUnavailable, api.RetryError) as err:
         raise ValueError(f"no answer from {where()} within {timeout:g} s ({type(err).__name__}): start it, or "
                          "check the host and the network") from None
+
+
+class PubSubSink:
+    """Report batches -> messages of ``topic`` (``schemas.envelope``: the
+    body and its attributes; the event time is an attribute). ``flush``
+    waits for the service's confirmation of every message."""
+
+    def __init__(self, topic: str, client=None):
+        from google.cloud import pubsub_v1
+        self.topic, self.name = topic, topic
+        self._publisher = client or pubsub_v1.PublisherClient()
+        self._futures: list = []
+
+    def send(self, body: bytes, attributes: dict[str, str], event_ms: int, key: str) -> None:
+        self._futures.append(self._publisher.publish(self.topic, body, **attributes))
+
+    def flush(self, timeout: float = 60.0) -> None:
+        for future in self._futures:
+            future.result(timeout=timeout)
+        self._futures.clear()

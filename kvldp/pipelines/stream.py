@@ -1,5 +1,5 @@
 """``kvldp stream``: continuous collection. Read report messages from a
-Pub/Sub subscription, refuse what is not this collection's (dead letter with
+Pub/Sub subscription or a Kafka topic, refuse what is not this collection's (dead letter with
 the reason), count each batch once, window by event time, and publish the
 calibrated estimates of every pane (early, on time, late) to files and/or a
 topic. See ``transforms/streaming.py`` for the semantics of lateness and
@@ -8,7 +8,11 @@ deduplication.
 Locally it runs on Beam's streaming DirectRunner (``PUBSUB_EMULATOR_HOST``
 points it at the emulator); the same command runs on Dataflow with
 ``--runner DataflowRunner`` (which also deduplicates on the message id
-attribute, ``id_label``). The job prints its counters every
+attribute, ``id_label``). From Kafka it runs on Flink
+(``--runner PortableRunner``, ``deploy/flink``): Beam's Java KafkaIO reads
+the topic, with checkpoints every ``--checkpointing_interval`` (10 s) that
+commit the consumer group's offsets and make the windows' state exactly
+once through a TaskManager's crash. The job prints its counters every
 ``--progress-every`` and stops on ``--max-runtime``, ``--stop-after-windows``
 or SIGINT (then it drains: it waits until every batch read is in an
 emitted pane, at most ``--drain-timeout``, and exits 0).
@@ -29,13 +33,14 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from kvldp.mechanisms.postprocess import DEFAULT as DEFAULT_POSTPROCESS
 from kvldp.mechanisms.postprocess import postprocess
 from kvldp.mechanisms.protocol import Collection
-from kvldp.pipelines import extras, mechanism_args, runner, sources, split
+from kvldp.pipelines import extras, kafka_admin, mechanism_args, runner, sources, split
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.postprocessing import add_postprocess_arg
 from kvldp.pipelines.pubsub_admin import check_reachable, ensure_subscription
 from kvldp.pipelines.units import parse_duration, path_arg, pubsub_path
 from kvldp.schemas import envelope
 from kvldp.transforms.direct_pubsub import responsive_pulls
+from kvldp.transforms.report_messages import JAVA_ENVIRONMENT, KafkaSource, PubSubSource, ReadReportMessages
 from kvldp.transforms.stream_rounds import ROUNDS, ChainRounds
 from kvldp.transforms.stream_sinks import (
     DEAD_LETTER_FILES_WRITTEN,
@@ -53,6 +58,7 @@ from kvldp.transforms.stream_sinks import (
 from kvldp.transforms.streaming import (
     DEAD_LETTER,
     DEAD_LETTERS_EMITTED,
+    WINDOWS_OPENED,
     CalibratePanes,
     CheckReports,
     DeduplicateBatches,
@@ -67,15 +73,27 @@ DIRECT_RUNNERS = (None, "DirectRunner", "BundleBasedDirectRunner", "SwitchingDir
 # counters of the messages the service confirmed (stream_sinks.Publish): the job stops only after them
 PANES_PUBLISHED, BROADCASTS_PUBLISHED = "pane_messages_published", "broadcasts_published"
 DEAD_LETTERS_PUBLISHED = "dead_letters_published"
+KAFKA_CHECKPOINT_MS = 10_000
 
 
 def add_arguments(parser: argparse.ArgumentParser):
     mechanism_args.add_mechanism_args(parser)
     mechanism_args.add_longitudinal_args(parser)
-    parser.add_argument("--subscription", required=True, type=pubsub_path("subscriptions"),
-                        help="projects/PROJECT/subscriptions/NAME the report messages arrive on")
-    parser.add_argument("--subscribe-to", type=pubsub_path("topics"), default=None,
-                        help="create --subscription on this topic (and the topic) if they do not exist")
+    src = parser.add_argument_group("source (Pub/Sub: --subscription; Kafka on Flink: --kafka-bootstrap, "
+                                    "--kafka-topic)")
+    src.add_argument("--subscription", default=None, type=pubsub_path("subscriptions"),
+                     help="projects/PROJECT/subscriptions/NAME the report messages arrive on")
+    src.add_argument("--subscribe-to", type=pubsub_path("topics"), default=None,
+                     help="create --subscription on this topic (and the topic) if they do not exist")
+    src.add_argument("--kafka-bootstrap", default=None, type=kafka_admin.bootstrap_arg,
+                     help="HOST:PORT of the Kafka broker the report batches are published to")
+    src.add_argument("--kafka-topic", default=None, type=kafka_admin.topic_arg, help="the Kafka topic to read")
+    src.add_argument("--kafka-group", default=None,
+                     help="the Kafka consumer group whose offsets the job commits on checkpoints (default: "
+                          "kvldp-FINGERPRINT, one per collection configuration)")
+    src.add_argument("--expansion-service", default="localhost:8097",
+                     help="HOST:PORT of the expansion service for Beam's KafkaIO: the Flink job server's "
+                          "(deploy/flink/flink.sh job-server --expansion-port; default localhost:8097)")
     parser.add_argument("--key-dictionary", default=None, type=path_arg,
                         help="REPORTS.keys.txt (the public key dictionary)")
     parser.add_argument("--collection-id", type=split.collection_id, default=None,
@@ -123,7 +141,7 @@ class StreamConfig:
     names, the windows, the sinks and when to stop."""
 
     mechanism: MechanismConfig
-    subscription: str
+    subscription: str | None
     windows: WindowSpec
     key_dictionary: str | None = None
     keys: int | None = None
@@ -141,8 +159,19 @@ class StreamConfig:
     collection_id: str | None = None
     broadcast_topic: str | None = None
     postprocess: str = DEFAULT_POSTPROCESS.name     # kvldp.mechanisms.postprocess, per pane
+    kafka_bootstrap: str | None = None
+    kafka_topic: str | None = None
+    kafka_group: str | None = None
+    expansion_service: str = "localhost:8097"
 
     def __post_init__(self):
+        if bool(self.kafka_bootstrap) != bool(self.kafka_topic):
+            raise ValueError("Kafka needs both --kafka-bootstrap and --kafka-topic")
+        if bool(self.subscription) == bool(self.kafka_topic):
+            raise ValueError("stream reads one source: --subscription (Pub/Sub) or --kafka-bootstrap/--kafka-topic")
+        if self.kafka_topic and self.subscribe_to:
+            raise ValueError("--subscribe-to makes a Pub/Sub subscription: not with Kafka (publish "
+                             "--create-topic makes the Kafka topic)")
         if not self.key_dictionary and not self.keys:
             raise ValueError("stream needs --key-dictionary (written by perturb/publish) or --keys d")
         if not self.output_dir and not self.output_topic:
@@ -160,7 +189,15 @@ class StreamConfig:
                    args.dedupe_horizon, args.output_dir, args.output_format, args.output_topic,
                    args.dead_letter_dir, args.dead_letter_topic, args.max_runtime, args.stop_after_windows,
                    progress, args.drain_timeout, args.subscribe_to, args.collection_id,
-                   args.broadcast_topic, args.postprocess)
+                   args.broadcast_topic, args.postprocess, args.kafka_bootstrap, args.kafka_topic,
+                   args.kafka_group, args.expansion_service)
+
+    def source(self, fingerprint: str, id_label: bool):
+        """Where the report messages come from (``transforms.report_messages``)."""
+        if self.kafka_topic:
+            return KafkaSource(self.kafka_bootstrap, self.kafka_topic, self.kafka_group or f"kvldp-{fingerprint[:16]}",
+                               self.expansion_service)
+        return PubSubSource(self.subscription, id_label)
 
 
 def postprocess_pane(pane: Pane, method: str) -> Pane:
@@ -178,12 +215,12 @@ def round_configs(protocol, collection_id: str | None) -> list[dict]:
 
 
 def stream_graph(p: beam.Pipeline, config: StreamConfig, protocol, key_names, id_label: bool, job: str):
-    """``subscription -> panes`` with the sinks attached; returns the panes
-    (``job``: the key of the job's in-process counters, ``transforms.tally``)."""
+    """``source -> panes`` with the sinks attached; returns the panes
+    (``job``: the key of the job's in-process counters, ``transforms.tally``).
+    One graph for every source: only the read differs."""
     configs = round_configs(protocol, config.collection_id)
-    messages = p | "Read" >> beam.io.ReadFromPubSub(
-        subscription=config.subscription, with_attributes=True, timestamp_attribute=envelope.EVENT_MS,
-        id_label=envelope.MESSAGE_ID if id_label else None)
+    source = config.source(envelope.config_fingerprint(configs[0]), id_label)
+    messages = p | "ReadMessages" >> ReadReportMessages(source)
     checked = messages | "CheckReports" >> CheckReports(
         protocol, expected_rounds(protocol, configs), config.windows.max_future, job)
     unique = checked["reports"] | "DeduplicateBatches" >> DeduplicateBatches(config.dedupe_horizon, job)
@@ -218,6 +255,11 @@ def stream_graph(p: beam.Pipeline, config: StreamConfig, protocol, key_names, id
     return panes
 
 
+def open_windows(stats: dict) -> int:
+    """Windows that had a pane before they closed but not yet their on-time pane."""
+    return max(0, stats.get(WINDOWS_OPENED, 0) - stats.get("panes_on_time", 0))
+
+
 def progress_line(stats: dict, elapsed: float) -> str:
     read, valid = stats.get("messages_read", 0), stats.get("messages_valid", 0)
     unique = stats.get("batches_unique", 0)
@@ -236,10 +278,11 @@ class Monitor:
     by ``--drain-timeout``.
     ``--stop-after-windows`` and a stopped protocol wait for the same."""
 
-    def __init__(self, result, config: StreamConfig, job: str, direct: bool, out=None):
+    def __init__(self, result, config: StreamConfig, job: str, in_process: bool, out=None):
         self._result, self._config, self._out = result, config, out or sys.stdout
-        self._job, self._direct = job, direct
+        self._job, self._in_process = job, in_process
         self._stop_reason: str | None = None
+        self._close_windows = False          # the drain also waits for open windows' on-time panes
         self.stats: dict = {}
         self._last_reads, self._last_panes = (0, 0), 0
         self._read_at = self._pane_at = time.monotonic()
@@ -248,8 +291,9 @@ class Monitor:
         self._stop_reason = self._stop_reason or reason
 
     def _poll(self) -> dict:
-        # the DirectRunner's streaming metrics go stale after a bundle (transforms/tally.py)
-        s = tally(self._job) if self._direct else runner.counters(self._result, quiet=True)
+        # the DirectRunner's streaming metrics go stale after a bundle (transforms/tally.py); LOOPBACK workers
+        # count here too (on Flink, a restore from a checkpoint counts the replayed messages again)
+        s = tally(self._job) if self._in_process else runner.counters(self._result, quiet=True)
         now = time.monotonic()
         if (s.get("messages_read", 0), s.get("batches_accepted", 0)) != self._last_reads:
             self._last_reads, self._read_at = (s.get("messages_read", 0), s.get("batches_accepted", 0)), now
@@ -278,11 +322,16 @@ class Monitor:
                 if given and s.get(counter, 0) < emitted]
 
     def _drained(self, s: dict) -> bool:
-        """Nothing read for a second, and a pane (written) emitted at a poll
-        after the last batch accepted: every batch read is in a pane."""
+        """Nothing read for a second, a pane (written) emitted at a poll
+        after the last batch accepted (every batch read is in a pane), and
+        when stopping after ``--stop-after-windows``, every window that opened
+        has had its on-time pane (a window stopped with early panes only sees
+        its batches as late on the next start). SIGINT and ``--max-runtime``
+        stop without waiting for windows to close, and say which are open."""
         quiet = time.monotonic() - self._read_at >= 1.0
         caught_up = s.get("batches_accepted", 0) == 0 or self._pane_at > self._read_at
-        return quiet and caught_up and self._written_all(s)
+        closed = not (self._close_windows and open_windows(s))
+        return quiet and caught_up and closed and self._written_all(s)
 
     def run(self) -> str:
         start = last_log = time.monotonic()
@@ -298,6 +347,7 @@ class Monitor:
             windows = self._config.stop_after_windows
             if windows is not None and s.get("panes_on_time", 0) >= windows and self._written_all(s):
                 self.request_stop(f"{windows} windows had their on-time pane")
+                self._close_windows = True
             if s.get("protocol_stopped", 0) and self._written_all(s):
                 self.request_stop(f"the protocol ended after round {s.get('rounds_finalized', 0)}")
         deadline, drained = time.monotonic() + self._config.drain_timeout, False
@@ -306,11 +356,15 @@ class Monitor:
             if not drained:
                 time.sleep(0.5)
         print(progress_line(self.stats, time.monotonic() - start), file=self._out, flush=True)
-        unwritten = self._unwritten(self.stats)
+        unwritten, still_open = self._unwritten(self.stats), open_windows(self.stats)
         print(f"stopping: {self._stop_reason}; " + (
-            "drained: every batch read is in an emitted pane" if drained else
+            "drained: every batch read is in an emitted pane" + (
+                "" if not still_open else f"; {still_open} window(s) open, with early panes only (their batches "
+                "count as late on the next start unless --allowed-lateness covers it)") if drained else
             f"drain timed out after {self._config.drain_timeout:g} s: batches read since the last pane may "
-            "be in no emitted pane" + (f"; not yet written: {', '.join(unwritten)}" if unwritten else "")),
+            "be in no emitted pane" + (f"; not yet written: {', '.join(unwritten)}" if unwritten else "")
+            + (f"; {still_open} window(s) had early panes only (a longer --drain-timeout lets them close)"
+               if still_open else "")),
             file=self._out, flush=True)
         return self._stop_reason
 
@@ -329,10 +383,48 @@ def reads_pubsub_here(beam_args) -> bool:
     return runner_name in ("DirectRunner", "SwitchingDirectRunner") and not runner.is_dry_run(beam_args)
 
 
+def uses_pubsub(config: StreamConfig) -> bool:
+    return bool(config.subscription or config.output_topic or config.dead_letter_topic or config.broadcast_topic)
+
+
+def kafka_job_args(beam_args) -> tuple[list[str], dict]:
+    """A Kafka collector's Beam arguments and the options its Java transforms
+    need: it runs on a portable runner (Flink), whose job server expands
+    and runs KafkaIO; with checkpoints (``--checkpointing_interval``, 10 s
+    unless given), which commit the offsets and make the state exactly once."""
+    options = PipelineOptions(list(beam_args))
+    runner_name = (options.view_as(StandardOptions).runner or "DirectRunner").rsplit(".", 1)[-1]
+    if runner_name not in ("PortableRunner", "FlinkRunner"):
+        raise ValueError("stream reads Kafka with Beam's Java KafkaIO, a cross-language transform that Beam's "
+                         "DirectRunner cannot run: run on Flink (--runner PortableRunner --job_endpoint HOST:PORT "
+                         "--environment_type LOOPBACK; deploy/flink/flink.sh job-server), or read Pub/Sub")
+    args = list(beam_args)
+    if not any(a.startswith("--checkpointing_interval") for a in args):
+        args.append(f"--checkpointing_interval={KAFKA_CHECKPOINT_MS}")
+    return args, {"default_environment_type": JAVA_ENVIRONMENT}
+
+
+def in_process_workers(beam_args) -> bool:
+    """Whether the job's DoFns run in this process (the DirectRunner, or a
+    portable runner's LOOPBACK workers): then its counters are read here."""
+    from apache_beam.options.pipeline_options import PortableOptions
+    options = PipelineOptions(list(beam_args))
+    if options.view_as(StandardOptions).runner in DIRECT_RUNNERS:
+        return True
+    return (options.view_as(PortableOptions).environment_type or "").upper() == "LOOPBACK"
+
+
 def run(config: StreamConfig, beam_args) -> dict:
-    extras.require_gcp("Pub/Sub")
-    if reads_pubsub_here(beam_args):
+    if uses_pubsub(config):
+        extras.require_gcp("Pub/Sub")
+    if config.subscription and reads_pubsub_here(beam_args):
         check_reachable(subscription=config.subscription)
+    option_defaults: dict = {}
+    if config.kafka_topic:
+        beam_args, option_defaults = kafka_job_args(beam_args)
+        if config.kafka_topic not in kafka_admin.topics(config.kafka_bootstrap):
+            raise ValueError(f"Kafka topic {config.kafka_topic} does not exist on {config.kafka_bootstrap} "
+                             "(kvldp publish --create-topic makes it)")
     names = split.collect_key_names(config)
     protocol = config.mechanism.make(len(names), ioh_keys=(
         mechanism_args.named_keys(config.mechanism.ioh_keys, names) if config.mechanism.ioh_keys else None))
@@ -345,22 +437,26 @@ def run(config: StreamConfig, beam_args) -> dict:
                              "final at its window's on-time pane")
         if config.windows.every is not None:
             raise ValueError("a multi-round stream runs one round per fixed window: no --sliding-every")
+        if config.kafka_topic:
+            raise ValueError(f"{protocol.name} runs several rounds, whose broadcasts travel on Pub/Sub: stream it "
+                             "from --subscription (multi-round collection over Kafka is not supported yet)")
     first = round_configs(protocol, config.collection_id)[0]
     if config.subscribe_to and ensure_subscription(config.subscription, config.subscribe_to):
         print(f"created subscription {config.subscription} on {config.subscribe_to}")
     args = list(beam_args) + ([] if "--streaming" in beam_args else ["--streaming"])
     runner_name = PipelineOptions(args).view_as(StandardOptions).runner
     direct = runner_name in DIRECT_RUNNERS
-    if direct:
+    if direct and config.subscription:
         responsive_pulls()           # Beam's DirectRunner stalls ~30 s per pull on an idle subscription
-    p = runner.make_pipeline(args)
+    p = runner.make_pipeline(args, **option_defaults)
     job = uuid.uuid4().hex
+    source = config.source(envelope.config_fingerprint(first), id_label=not direct)
     stream_graph(p, config, protocol, names, id_label=not direct, job=job)
-    print(f"streaming {protocol!r} from {config.subscription} (fingerprint "
+    print(f"streaming {protocol!r} from {source.name} (fingerprint "
           f"{envelope.config_fingerprint(first)[:16]}…); windows of {config.windows.size:g} s",
           flush=True)
     result = runner.run_pipeline(p, wait=False)
-    monitor = Monitor(result, config, job, direct)
+    monitor = Monitor(result, config, job, in_process_workers(args))
     previous = _install_sigint(monitor)
     try:
         reason = monitor.run()

@@ -1,8 +1,9 @@
 """How a batch of reports travels: one Avro container (the batch's records in
 its report schema, the round's public configuration in the header), written
 as a report file (``transforms.io.WriteReports``) or sent as the body of one
-Pub/Sub message (``kvldp publish``), whose attributes repeat what a
-collector must check before it decodes the body.
+Pub/Sub message or Kafka record (``kvldp publish``), whose attributes (a
+Kafka record's headers) repeat what a collector must check before it
+decodes the body.
 
 A message's attributes (all strings, Pub/Sub's limit is 100 per message):
 
@@ -15,9 +16,12 @@ A message's attributes (all strings, Pub/Sub's limit is 100 per message):
 * ``kvldp_batch``: the user batch's id; ``kvldp_round``: the 1-based round.
 * ``kvldp_event_ms``: the event time, milliseconds since the epoch (Beam's
   ``timestamp_attribute``: the reports' time, not the publish time).
-* ``kvldp_id``: ``fingerprint[:16]-round-batch``, the same for a redelivery
-  of the same batch: Beam's ``id_label`` (Dataflow deduplicates on it) and
-  the key of the collector's own deduplication on every runner.
+* ``kvldp_run``: the publishing run's random nonce (``new_run``).
+* ``kvldp_id``: ``fingerprint[:16]-round-batch-run``, the same for a
+  redelivery of the same message, different for every publishing run (two
+  runs with the same settings are two sets of devices): Beam's ``id_label``
+  (Dataflow deduplicates on it) and the key of the collector's own
+  deduplication on every runner.
 * ``kvldp_broadcast`` (rounds >= 2 of a multi-round protocol):
   ``broadcast_id`` of the broadcast the batch was perturbed with, so the
   collector can refuse reports made with another round's broadcast.
@@ -28,6 +32,7 @@ import hashlib
 import io
 import itertools
 import json
+import secrets
 from collections.abc import Iterator, Mapping
 
 import fastavro
@@ -42,6 +47,7 @@ BATCH = "kvldp_batch"
 ROUND = "kvldp_round"
 EVENT_MS = "kvldp_event_ms"
 MESSAGE_ID = "kvldp_id"
+RUN = "kvldp_run"                       # the publishing run's random nonce: part of a batch's identity
 BROADCAST = "kvldp_broadcast"
 WINDOW_MS = "kvldp_window_ms"           # on a broadcast: the collector's (fixed) window length
 LAYOUT = "layout"
@@ -286,18 +292,29 @@ def unpack_bits(packed: np.ndarray, bits: int, n: int) -> np.ndarray:
     return lanes.reshape(-1)[:n]
 
 
-def message_id(fingerprint: str, round_number: int, batch_id: int) -> str:
-    return f"{fingerprint[:16]}-{round_number}-{batch_id}"
+def message_id(fingerprint: str, round_number: int, batch_id: int, run: str) -> str:
+    """A batch's identity: configuration, round, batch number and the run
+    that published it (``run``: a random nonce per ``publish`` run). A
+    redelivery of the message keeps it (counted once); two runs with the
+    same settings never share it (both counted)."""
+    return f"{fingerprint[:16]}-{round_number}-{batch_id}-{run}"
 
 
-def message_attributes(config: Mapping, batch_id: int, round_number: int, event_ms: int,
+def new_run() -> str:
+    """A publishing run's nonce: 64 random bits, so two runs never collide."""
+    return secrets.token_hex(8)
+
+
+def message_attributes(config: Mapping, batch_id: int, round_number: int, event_ms: int, run: str,
                        broadcast: str | None = None) -> dict[str, str]:
     """The attributes of the message carrying batch ``batch_id`` of round
-    ``round_number`` (1-based) made at ``event_ms`` (``broadcast``: the id
-    of the broadcast it was perturbed with, rounds >= 2)."""
+    ``round_number`` (1-based) made at ``event_ms``, published by run
+    ``run`` (``new_run``; ``broadcast``: the id of the broadcast it was
+    perturbed with, rounds >= 2)."""
     fingerprint = config_fingerprint(config)
     out = {FINGERPRINT: fingerprint, BATCH: str(int(batch_id)), ROUND: str(int(round_number)),
-           EVENT_MS: str(int(event_ms)), MESSAGE_ID: message_id(fingerprint, round_number, batch_id)}
+           EVENT_MS: str(int(event_ms)), RUN: run,
+           MESSAGE_ID: message_id(fingerprint, round_number, batch_id, run)}
     if broadcast:
         out[BROADCAST] = broadcast
     return out

@@ -1,5 +1,6 @@
 """Streaming collection: report messages (``schemas.envelope``) from Pub/Sub
--> calibrated estimates per event-time window and pane.
+or Kafka (``report_messages``) -> calibrated estimates per event-time window
+and pane.
 
 ``messages -> CheckReports -> DeduplicateBatches -> WindowReports ->
 CalibratePanes -> panes``, each pane one ``Pane`` (the window, the pane's
@@ -87,6 +88,7 @@ class WindowSpec:
 
 
 DEAD_LETTERS_EMITTED = "dead_letters_emitted"
+WINDOWS_OPENED = "windows_opened"
 
 
 class DeadLetterOutput:
@@ -134,11 +136,17 @@ def expected_rounds(protocol, round_configs: typing.Sequence[dict]) -> dict[str,
     return {envelope.config_fingerprint(c): (r, dict(c)) for r, c in enumerate(round_configs)}
 
 
+# what every report message carries (schemas/envelope.py); a broadcast id only from round 2 on
+REQUIRED_ATTRIBUTES = (envelope.FINGERPRINT, envelope.ROUND, envelope.BATCH, envelope.EVENT_MS, envelope.RUN)
+
+
 class CheckMessageFn(beam.DoFn):
-    """``PubsubMessage -> (message id, RoundBatch)``, or a dead letter:
-    another configuration (fingerprint), a round attribute that disagrees
-    with it, an event time too far in the future, or a body that does not
-    decode as that round's reports. ``expected``: ``expected_rounds``."""
+    """A report message (``PubsubMessage`` or ``report_messages.ReportMessage``)
+    -> ``(message id, RoundBatch)``, or a dead letter: attributes missing or
+    not integers, another configuration (fingerprint), a round attribute
+    that disagrees with it, an event time that is not the message's
+    timestamp or is too far in the future, or a body that does not decode as
+    that round's reports. ``expected``: ``expected_rounds``."""
 
     def __init__(self, protocol, expected: dict, max_future: float, job: str):
         self._protocol, self._expected = protocol, dict(expected)
@@ -146,11 +154,11 @@ class CheckMessageFn(beam.DoFn):
         self._read, self._rejected = JobCounter(job, "messages_read"), JobCounter(job, "messages_rejected")
         self._valid, self._dead = JobCounter(job, "messages_valid"), DeadLetterOutput(job)
 
-    def process(self, message):
+    def process(self, message, timestamp=beam.DoFn.TimestampParam):
         self._read.inc()
         attrs = message.attributes or {}
         try:
-            batch, message_id = self._check(message, attrs)
+            batch, message_id = self._check(message, attrs, timestamp)
         except _Reject as err:
             self._rejected.inc()
             yield self._dead(dead_letter(err.reason, message, err.detail))
@@ -158,23 +166,28 @@ class CheckMessageFn(beam.DoFn):
         self._valid.inc()
         yield message_id, batch
 
-    def _check(self, message, attrs):
-        fingerprint = attrs.get(envelope.FINGERPRINT)
+    def _check(self, message, attrs, timestamp):
+        missing = [name for name in REQUIRED_ATTRIBUTES if not attrs.get(name)]
+        if missing:
+            raise _Reject("malformed attributes", f"no {', '.join(missing)} attribute: not a report message of "
+                                                  "kvldp publish (or of a publisher older than the run nonce)")
+        fingerprint = attrs[envelope.FINGERPRINT]
         if fingerprint not in self._expected:
             known = "; ".join(f"round {r + 1}: {json.dumps(envelope.without_layout(c), sort_keys=True)}"
                               for r, c in self._expected.values())
             raise _Reject("config fingerprint", f"{fingerprint} is not this collector's ({known})")
         round_index, config = self._expected[fingerprint]
-        try:
-            round_number, batch = int(attrs[envelope.ROUND]), int(attrs[envelope.BATCH])
-            event_ms = int(attrs[envelope.EVENT_MS])
-        except (KeyError, ValueError) as err:
-            raise _Reject("malformed attributes", f"{type(err).__name__}: {err}") from None
+        round_number, batch, event_ms = (_integer(attrs, name) for name in (envelope.ROUND, envelope.BATCH,
+                                                                          envelope.EVENT_MS))
         if round_number != round_index + 1:
             raise _Reject("round", f"round attribute {round_number}, but the fingerprint is round {round_index + 1}'s")
         broadcast = attrs.get(envelope.BROADCAST, "")
         if round_index > 0 and not broadcast:
             raise _Reject("malformed attributes", f"round {round_number} names no {envelope.BROADCAST}")
+        if timestamp.micros // 1000 != event_ms:
+            # the windows use the element's timestamp (Kafka: the record's): it must be the stated event time
+            raise _Reject("malformed attributes", f"{envelope.EVENT_MS} is {event_ms} but the message's timestamp "
+                                                  f"is {timestamp.micros // 1000} ms")
         if event_ms > time.time() * 1000 + self._max_future_ms:
             raise _Reject("future event time", f"event time {event_ms} ms is more than "
                                                 f"{self._max_future_ms} ms ahead of the collector's clock")
@@ -191,7 +204,14 @@ class CheckMessageFn(beam.DoFn):
             reports = dataclasses.replace(reports, batch_id=batch)
         layout = (container.config or {}).get(envelope.LAYOUT, "")
         return RoundBatch(round_index, broadcast, layout, reports), \
-            envelope.message_id(fingerprint, round_number, batch)
+            envelope.message_id(fingerprint, round_number, batch, attrs[envelope.RUN])
+
+
+def _integer(attrs, name: str) -> int:
+    try:
+        return int(attrs[name])
+    except ValueError:
+        raise _Reject("malformed attributes", f"{name} is {attrs[name][:40]!r}, not an integer") from None
 
 
 class _Reject(Exception):
@@ -333,14 +353,18 @@ class Pane:
 
 
 class PaneCounters:
-    """The pane counters of a job: emitted, on time, late."""
+    """The pane counters of a job: emitted, on time, late, and windows
+    opened (a window's first pane before it closed: the stop waits until
+    each opened window had its on-time pane, so none is left half-counted)."""
 
     def __init__(self, job: str):
         self._panes, self._on_time = JobCounter(job, "panes_emitted"), JobCounter(job, "panes_on_time")
-        self._late = JobCounter(job, "panes_late")
+        self._late, self._opened = JobCounter(job, "panes_late"), JobCounter(job, WINDOWS_OPENED)
 
-    def count(self, timing: str):
+    def count(self, timing: str, index: int):
         self._panes.inc()
+        if index == 0 and timing != "LATE":
+            self._opened.inc()
         if timing == "ON_TIME":
             self._on_time.inc()
         elif timing == "LATE":
@@ -353,7 +377,7 @@ class _PaneFn(beam.DoFn):
 
     def process(self, estimates, w=beam.DoFn.WindowParam, pane=beam.DoFn.PaneInfoParam):
         out = Pane.of(w, pane, estimates)
-        self._counters.count(out.timing)
+        self._counters.count(out.timing, out.index)
         yield out
 
 
