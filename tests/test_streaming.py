@@ -182,7 +182,7 @@ def test_two_runs_with_the_same_settings_both_count(pubsub, tmp_path):  # noqa: 
     argv = ["publish", "--mechanism", mechanism, "--epsilon", str(eps), "--keys", str(D), "--users", "2000",
             "--batch-size", "100", "--seed", "7", "--dataset", "synthetic-gg", "--topic", topic,
             "--event-time", str(start), "--event-time-spread", f"{size / 2}s"]
-    runs = [run_publish(argv + ["--output", str(tmp_path / f"run{k}" / "R.avro")]) for k in (1, 2)]
+    runs = [run_publish([*argv, "--output", str(tmp_path / f"run{k}" / "R.avro")]) for k in (1, 2)]
     assert runs[0]["sent"][0][envelope.RUN] != runs[1]["sent"][0][envelope.RUN]
     result = run_stream(stream_argv(mechanism, eps, sub, tmp_path, size, "--stop-after-windows", "1",
                                     "--max-runtime", "60s"))
