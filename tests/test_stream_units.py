@@ -14,7 +14,6 @@ import pytest
 from apache_beam.io.gcp.pubsub import PubsubMessage
 from apache_beam.transforms import window
 from apache_beam.utils.timestamp import Timestamp
-from apache_beam.utils.windowed_value import WindowedValue
 
 from kvldp.mechanisms import registry
 from kvldp.pipelines.units import parse_duration, parse_instant_ms, pubsub_path
@@ -25,11 +24,13 @@ from kvldp.transforms.streaming import (
     DEAD_LETTER,
     DEAD_LETTERS_EMITTED,
     CheckMessageFn,
+    GatedBatch,
     LatenessGateFn,
     Pane,
     RoundBatch,
     WindowSpec,
     expected_rounds,
+    keep_open_windows,
 )
 from kvldp.transforms.tally import forget, tally
 
@@ -145,14 +146,16 @@ def test_lateness_gate_keeps_open_windows_only():
     fixed = LatenessGateFn(WindowSpec(size=10, allowed_lateness=5), job="units")
     reports = RoundBatch(0, "", "", _reports())
     [kept] = list(fixed.process(reports, Timestamp.of(now - 3)))
-    assert isinstance(kept, WindowedValue) and len(kept.windows) == 1
+    assert isinstance(kept, GatedBatch) and len(kept.open_window_starts) == 1 and kept.batch is reports
     [late] = list(fixed.process(reports, Timestamp.of(now - 30)))
     assert late.tag == DEAD_LETTER and late.value["reason"] == "late"
     sliding = LatenessGateFn(WindowSpec(size=10, every=5, allowed_lateness=0), job="units")
     boundary = 5 * math.floor(now / 5)           # the slide boundary just passed: one window ended there
     [part] = list(sliding.process(reports, Timestamp.of(boundary - 4)))
-    ends = [w.end for w in part.windows]
-    assert ends == [Timestamp.of(boundary + 5)]                    # the window that ended is dropped
+    assert part.open_window_starts == (Timestamp.of(boundary - 5).micros,)      # the window that ended is dropped
+    kept = [list(keep_open_windows(part, window.IntervalWindow(start, start + 10)))
+            for start in (boundary - 10, boundary - 5)]
+    assert kept == [[], [reports]]
 
 
 class _Chain:

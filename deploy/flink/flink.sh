@@ -4,13 +4,22 @@
 #
 #   flink.sh build                         resolve the job server's classpath (Maven) and the Flink
 #                                          distribution (the apache-flink wheels) into the cache
-#   flink.sh job-server [--port 8099] [--flink-master '[local]' | HOST:PORT] [--parallelism N]
-#                                          run the job server in the foreground (Ctrl-C stops it)
-#   flink.sh cluster start [--rest-port 8081] [--slots 2]
+#   flink.sh job-server [--port 8099] [--expansion-port 8097] [--flink-master '[local]' | HOST:PORT]
+#                       [--parallelism N]  run the job server in the foreground (Ctrl-C stops it); its
+#                                          expansion service (KafkaIO for kvldp stream on Kafka) listens on
+#                                          127.0.0.1:EXPANSION-PORT
+#   flink.sh cluster start [--rest-port 8081] [--rpc-port REST+1] [--slots 2]
 #                                          a JobManager and a TaskManager on this machine, detached;
 #                                          returns once the TaskManager has registered
-#   flink.sh cluster stop
+#   flink.sh cluster stop [--rest-port 8081]
+#   flink.sh cluster add-taskmanager [--rest-port 8081]
+#                                          one more TaskManager (e.g. after one died)
+#   flink.sh cluster kill-taskmanager [--rest-port 8081]
+#                                          SIGKILL the cluster's TaskManagers (fault injection)
 #   flink.sh versions                      the Beam runner and Flink versions this script serves
+#
+# Clusters are told apart by their REST port: each has its own configuration,
+# logs and pids under the cache, so two run side by side.
 #
 # Then, with the job server on port 8099:
 #   kvldp simulate ... --runner PortableRunner --job_endpoint localhost:8099 \
@@ -31,6 +40,10 @@ POM_HASH=$(sha256sum "$HERE/pom.xml" | cut -c1-12)      # a changed pom.xml buil
 LIB=$CACHE/job-server-$BEAM_RUNNER_VERSION-flink-$FLINK_MINOR-$POM_HASH/lib
 
 die() { echo "flink.sh: $*" >&2; exit 2; }
+
+# What Flink's own config.yaml gives every Flink JVM on Java 17 (env.java.opts.all of the 1.19 distribution):
+# without it Flink's Kryo cannot snapshot state (a streaming job's first checkpoint fails on java.util).
+JAVA_MODULE_OPTS="--add-exports=java.base/sun.net.util=ALL-UNNAMED --add-exports=java.rmi/sun.rmi.registry=ALL-UNNAMED --add-exports=jdk.compiler/com.sun.tools.javac.api=ALL-UNNAMED --add-exports=jdk.compiler/com.sun.tools.javac.file=ALL-UNNAMED --add-exports=jdk.compiler/com.sun.tools.javac.parser=ALL-UNNAMED --add-exports=jdk.compiler/com.sun.tools.javac.tree=ALL-UNNAMED --add-exports=jdk.compiler/com.sun.tools.javac.util=ALL-UNNAMED --add-exports=java.security.jgss/sun.security.krb5=ALL-UNNAMED --add-opens=java.base/java.lang=ALL-UNNAMED --add-opens=java.base/java.net=ALL-UNNAMED --add-opens=java.base/java.io=ALL-UNNAMED --add-opens=java.base/java.nio=ALL-UNNAMED --add-opens=java.base/sun.nio.ch=ALL-UNNAMED --add-opens=java.base/java.lang.reflect=ALL-UNNAMED --add-opens=java.base/java.text=ALL-UNNAMED --add-opens=java.base/java.time=ALL-UNNAMED --add-opens=java.base/java.util=ALL-UNNAMED --add-opens=java.base/java.util.concurrent=ALL-UNNAMED --add-opens=java.base/java.util.concurrent.atomic=ALL-UNNAMED --add-opens=java.base/java.util.concurrent.locks=ALL-UNNAMED"
 
 build_job_server() {
   [ -f "$LIB/.complete" ] && return
@@ -90,10 +103,11 @@ PY
 }
 
 job_server() {
-  local port=8099 master='[local]' extra=()
+  local port=8099 expansion_port=8097 master='[local]' extra=()
   while [ $# -gt 0 ]; do
     case $1 in
       --port) port=$2; shift 2 ;;
+      --expansion-port) expansion_port=$2; shift 2 ;;
       --flink-master) master=$2; shift 2 ;;
       *) extra+=("$1"); shift ;;
     esac
@@ -107,33 +121,61 @@ job_server() {
          "the SDK / job server pairing is not checked" >&2
   fi
   echo "flink.sh: job server (beam-runners-flink-$FLINK_MINOR $BEAM_RUNNER_VERSION) on localhost:$port," \
-       "Flink master $master" >&2
+       "expansion service (Java IOs: KafkaIO) on localhost:$expansion_port, Flink master $master" >&2
+  local logging=(-Dorg.slf4j.simpleLogger.defaultLogLevel=info -Dorg.slf4j.simpleLogger.log.org.apache.flink=warn
+                 -Dorg.slf4j.simpleLogger.showDateTime=true)
+  # The expansion service for kvldp stream's Kafka source, beside the job server and stopped with it. Not the
+  # job server's own (--expansion-port): that one takes no options, and KafkaIO then expands to its
+  # splittable-DoFn read, whose event-time watermark stands still while a partition is idle (a window would
+  # never close). With use_deprecated_read Flink runs KafkaIO's UnboundedSource natively: its CreateTime
+  # watermark follows the clock when idle, and its reader state (offsets) is part of Flink's checkpoints.
+  # EMBEDDED: the Java transforms run in the job's JVM, not in a Java SDK container.
+  # shellcheck disable=SC2086
+  java $JAVA_MODULE_OPTS "${logging[@]}" ${JAVA_OPTS:-} -cp "$LIB/*" \
+    org.apache.beam.sdk.expansion.service.ExpansionService "$expansion_port" \
+    --experiments=use_deprecated_read --defaultEnvironmentType=EMBEDDED &
+  local children=$!
+  trap 'kill $children 2>/dev/null || true' EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
   # INFO from Beam (job submitted, state changes), WARN and up from Flink's own chatter; JAVA_OPTS may override
   # shellcheck disable=SC2086
-  exec java -Dorg.slf4j.simpleLogger.defaultLogLevel=info -Dorg.slf4j.simpleLogger.log.org.apache.flink=warn \
-    -Dorg.slf4j.simpleLogger.showDateTime=true ${JAVA_OPTS:-} -cp "$LIB/*" org.apache.beam.runners.flink.FlinkJobServerDriver \
-    --flink-master="$master" --job-port="$port" --artifact-port=0 --expansion-port=0 "${extra[@]}"
+  java $JAVA_MODULE_OPTS "${logging[@]}" ${JAVA_OPTS:-} -cp "$LIB/*" org.apache.beam.runners.flink.FlinkJobServerDriver \
+    --flink-master="$master" --job-host=127.0.0.1 --job-port="$port" --artifact-port=0 \
+    --expansion-port=0 "${extra[@]}" &
+  children="$children $!"
+  wait -n       # either one ending ends both
 }
 
 cluster() {
   local action=${1:-}; shift || true
-  local rest_port=8081 slots=2
+  local rest_port=8081 rpc_port="" slots=2
   while [ $# -gt 0 ]; do
     case $1 in
       --rest-port) rest_port=$2; shift 2 ;;
+      --rpc-port) rpc_port=$2; shift 2 ;;
       --slots) slots=$2; shift 2 ;;
       *) die "cluster: unknown option $1" ;;
     esac
   done
-  local home
+  rpc_port=${rpc_port:-$((rest_port + 1))}
+  local home here
   home=$(build_flink_home)
-  export FLINK_HOME=$home FLINK_CONF_DIR=$home/conf FLINK_LOG_DIR=$CACHE/log FLINK_PID_DIR=$CACHE/pid
-  mkdir -p "$FLINK_LOG_DIR" "$FLINK_PID_DIR"
+  here=$CACHE/cluster-$rest_port          # this cluster's configuration, logs and pids
+  export FLINK_HOME=$home FLINK_CONF_DIR=$here/conf FLINK_LOG_DIR=$here/log FLINK_PID_DIR=$here/pid
+  local jm_pids=$FLINK_PID_DIR/flink-$(id -un)-standalonesession.pid
+  local tm_pids=$FLINK_PID_DIR/flink-$(id -un)-taskexecutor.pid
   case $action in
     start)
+      if [ -s "$jm_pids" ] && kill -0 "$(head -1 "$jm_pids")" 2>/dev/null; then
+        die "a cluster with REST port $rest_port is running (flink.sh cluster stop --rest-port $rest_port)"
+      fi
+      rm -rf "$here" && mkdir -p "$FLINK_LOG_DIR" "$FLINK_PID_DIR"
+      cp -r "$home/conf" "$FLINK_CONF_DIR"
       # Loopback only: the cluster runs whatever jar is submitted to it.
-      cat > "$home/conf/config.yaml" <<EOF
+      cat > "$FLINK_CONF_DIR/config.yaml" <<EOF
 jobmanager.rpc.address: localhost
+jobmanager.rpc.port: $rpc_port
 jobmanager.bind-host: localhost
 jobmanager.memory.process.size: 1024m
 taskmanager.host: localhost
@@ -148,27 +190,47 @@ parallelism.default: 2
 rest.address: localhost
 rest.bind-address: localhost
 rest.port: $rest_port
+env.java.opts.all: $JAVA_MODULE_OPTS
 EOF
       "$home/bin/jobmanager.sh" start >/dev/null
       "$home/bin/taskmanager.sh" start >/dev/null
-      for _ in $(seq 120); do
-        if "$PYTHON" - "$rest_port" <<'PY' 2>/dev/null; then
-import json, sys, urllib.request
-overview = json.load(urllib.request.urlopen(f"http://localhost:{sys.argv[1]}/overview", timeout=2))
-sys.exit(0 if overview["taskmanagers"] >= 1 and overview["slots-total"] >= 1 else 1)
-PY
-          echo "flink.sh: Flink $(basename "$home" | sed 's/flink-//') cluster up: JobManager UI" \
-               "http://localhost:$rest_port, $slots slots, logs in $FLINK_LOG_DIR" >&2
-          return
-        fi
-        sleep 1
-      done
-      die "the cluster did not come up in 120 s; see $FLINK_LOG_DIR" ;;
+      wait_for_taskmanagers "$rest_port" 1 || die "the cluster did not come up in 120 s; see $FLINK_LOG_DIR"
+      echo "flink.sh: Flink $(basename "$home" | sed 's/flink-//') cluster up: JobManager UI" \
+           "http://localhost:$rest_port (RPC port $rpc_port), $slots slots, logs in $FLINK_LOG_DIR" >&2 ;;
     stop)
+      [ -d "$FLINK_CONF_DIR" ] || { echo "flink.sh: no cluster with REST port $rest_port" >&2; return; }
       "$home/bin/taskmanager.sh" stop-all >/dev/null 2>&1 || true
       "$home/bin/jobmanager.sh" stop-all >/dev/null 2>&1 || true ;;
-    *) die "cluster start|stop" ;;
+    add-taskmanager)
+      [ -d "$FLINK_CONF_DIR" ] || die "no cluster with REST port $rest_port"
+      local before
+      before=$(taskmanagers "$rest_port")
+      "$home/bin/taskmanager.sh" start >/dev/null
+      wait_for_taskmanagers "$rest_port" $((before + 1)) || die "the TaskManager did not register in 120 s"
+      echo "flink.sh: a TaskManager joined the cluster on REST port $rest_port" >&2 ;;
+    kill-taskmanager)
+      [ -s "$tm_pids" ] || die "no TaskManager pid in $tm_pids"
+      while read -r pid; do
+        kill -9 "$pid" 2>/dev/null && echo "flink.sh: killed TaskManager $pid (SIGKILL)" >&2
+      done < "$tm_pids"
+      : > "$tm_pids" ;;
+    *) die "cluster start|stop|add-taskmanager|kill-taskmanager" ;;
   esac
+}
+
+taskmanagers() {   # how many TaskManagers the cluster on REST port $1 has registered (0 if it does not answer)
+  "$PYTHON" - "$1" <<'PY' 2>/dev/null || echo 0
+import json, sys, urllib.request
+print(json.load(urllib.request.urlopen(f"http://localhost:{sys.argv[1]}/overview", timeout=2))["taskmanagers"])
+PY
+}
+
+wait_for_taskmanagers() {   # until the cluster on REST port $1 has $2 TaskManagers, at most 120 s
+  for _ in $(seq 120); do
+    [ "$(taskmanagers "$1")" -ge "$2" ] && return 0
+    sleep 1
+  done
+  return 1
 }
 
 case ${1:-} in
@@ -176,5 +238,5 @@ case ${1:-} in
   job-server) shift; job_server "$@" ;;
   cluster) shift; cluster "$@" ;;
   versions) echo "beam-runners-flink-$FLINK_MINOR $BEAM_RUNNER_VERSION, Flink $(flink_version)" ;;
-  *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -68,7 +68,8 @@ def check_topic(bootstrap: str, topic: str, create: bool = False, partitions: in
         raise KafkaUnavailable(f"Kafka topic {topic} does not exist on {bootstrap}: create it, or pass "
                                "--create-topic")
     from confluent_kafka.admin import NewTopic
-    futures = _admin(bootstrap).create_topics(
+    admin = _admin(bootstrap)           # kept alive until the futures resolve (a dropped client fails them)
+    futures = admin.create_topics(
         [NewTopic(topic, num_partitions=partitions, replication_factor=1,
                   config={"max.message.bytes": str(MAX_MESSAGE_BYTES)})], operation_timeout=30)
     for future in futures.values():

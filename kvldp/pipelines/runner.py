@@ -51,10 +51,8 @@ class InMemoryWorkersNotice(logging.Filter):
         return not str(record.msg).startswith("If direct_num_workers is not equal to 1")
 
 
-def make_pipeline(beam_args: Sequence[str], **options_for_runner) -> beam.Pipeline:
-    """A pipeline with every Beam option passed through (``options_for_runner``:
-    options a ``--runner`` job carries, also ones this SDK does not declare,
-    e.g. for a Java expansion service).
+def make_pipeline(beam_args: Sequence[str]) -> beam.Pipeline:
+    """A pipeline with every Beam option passed through.
 
     Without ``--runner`` it runs on the in-process FnApiRunner (what
     DirectRunner falls back to; ``runtime.local_runner.make_runner``: kvldp's
@@ -71,7 +69,7 @@ def make_pipeline(beam_args: Sequence[str], **options_for_runner) -> beam.Pipeli
     standard = options.view_as(StandardOptions)
     if standard.runner is not None:
         tweaks.note_stock(f"jobs on --runner {standard.runner} run as Beam ships them")
-        return beam.Pipeline(options=PipelineOptions(list(beam_args), **options_for_runner))
+        return beam.Pipeline(options=options)
     if standard.streaming:
         # unbounded sources (Pub/Sub) need the DirectRunner's streaming mode
         tweaks.note_stock("a streaming job runs on Beam's DirectRunner as Beam ships it")

@@ -40,7 +40,7 @@ from kvldp.pipelines.pubsub_admin import check_reachable, ensure_subscription
 from kvldp.pipelines.units import parse_duration, path_arg, pubsub_path
 from kvldp.schemas import envelope
 from kvldp.transforms.direct_pubsub import responsive_pulls
-from kvldp.transforms.report_messages import JAVA_ENVIRONMENT, KafkaSource, PubSubSource, ReadReportMessages
+from kvldp.transforms.report_messages import KafkaSource, PubSubSource, ReadReportMessages
 from kvldp.transforms.stream_rounds import ROUNDS, ChainRounds
 from kvldp.transforms.stream_sinks import (
     DEAD_LETTER_FILES_WRITTEN,
@@ -74,6 +74,12 @@ DIRECT_RUNNERS = (None, "DirectRunner", "BundleBasedDirectRunner", "SwitchingDir
 PANES_PUBLISHED, BROADCASTS_PUBLISHED = "pane_messages_published", "broadcasts_published"
 DEAD_LETTERS_PUBLISHED = "dead_letters_published"
 KAFKA_CHECKPOINT_MS = 10_000
+DEFAULT_DEDUPE_HORIZON = 3600.0
+TERMINAL_STATES = ("FAILED", "CANCELLED", "DONE", "DRAINED", "STOPPED")
+
+
+class JobEnded(RuntimeError):
+    """The streaming job stopped by itself (failed on the runner)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser):
@@ -93,7 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser):
                           "kvldp-FINGERPRINT, one per collection configuration)")
     src.add_argument("--expansion-service", default="localhost:8097",
                      help="HOST:PORT of the expansion service for Beam's KafkaIO: the Flink job server's "
-                          "(deploy/flink/flink.sh job-server --expansion-port; default localhost:8097)")
+                          "(deploy/flink/flink.sh job-server starts it beside the job server: --expansion-port, "
+                          "default localhost:8097)")
     parser.add_argument("--key-dictionary", default=None, type=path_arg,
                         help="REPORTS.keys.txt (the public key dictionary)")
     parser.add_argument("--collection-id", type=split.collection_id, default=None,
@@ -110,8 +117,9 @@ def add_arguments(parser: argparse.ArgumentParser):
                           "dead letters (collector's clock; default 0)")
     win.add_argument("--max-future", type=parse_duration, default=300.0,
                      help="refuse event times further ahead of the collector's clock (default 5m)")
-    win.add_argument("--dedupe-horizon", type=parse_duration, default=3600.0,
-                     help="a batch redelivered within this long is counted once (default 1h)")
+    win.add_argument("--dedupe-horizon", type=parse_duration, default=None,
+                     help="a batch redelivered until this long after its event time is counted once (default: "
+                          "1h, or a window plus --allowed-lateness and --max-future if longer)")
     out = parser.add_argument_group("sinks (at least one of --output-dir, --output-topic)")
     out.add_argument("--output-dir", default=None, type=path_arg,
                      help="one file per pane: estimates-START-END-paneNNN-TIMING.EXT")
@@ -145,7 +153,7 @@ class StreamConfig:
     windows: WindowSpec
     key_dictionary: str | None = None
     keys: int | None = None
-    dedupe_horizon: float = 3600.0
+    dedupe_horizon: float | None = None     # None: DEFAULT_DEDUPE_HORIZON, or longer for long windows
     output_dir: str | None = None
     output_format: str = "jsonl"
     output_topic: str | None = None
@@ -169,6 +177,13 @@ class StreamConfig:
             raise ValueError("Kafka needs both --kafka-bootstrap and --kafka-topic")
         if bool(self.subscription) == bool(self.kafka_topic):
             raise ValueError("stream reads one source: --subscription (Pub/Sub) or --kafka-bootstrap/--kafka-topic")
+        reach = self.windows.size + self.windows.allowed_lateness + self.windows.max_future
+        if self.dedupe_horizon is None:
+            object.__setattr__(self, "dedupe_horizon", max(DEFAULT_DEDUPE_HORIZON, reach))
+        if self.dedupe_horizon < reach:
+            raise ValueError(f"--dedupe-horizon {self.dedupe_horizon:g} s is shorter than a window plus its "
+                             f"--allowed-lateness and --max-future ({reach:g} s): a redelivery the windows still "
+                             "take could be counted twice")
         if self.kafka_topic and self.subscribe_to:
             raise ValueError("--subscribe-to makes a Pub/Sub subscription: not with Kafka (publish "
                              "--create-topic makes the Kafka topic)")
@@ -321,6 +336,14 @@ class Monitor:
         return [f"{emitted - s.get(counter, 0)} of {emitted} {what}" for given, what, counter, emitted in sinks
                 if given and s.get(counter, 0) < emitted]
 
+    def _ended(self) -> str | None:
+        """The job's state if it has ended (a streaming job only ends when it failed or was cancelled)."""
+        try:
+            state = self._result.state
+        except Exception:  # a runner that cannot tell: keep polling the counters
+            return None
+        return state if state in TERMINAL_STATES else None
+
     def _drained(self, s: dict) -> bool:
         """Nothing read for a second, a pane (written) emitted at a poll
         after the last batch accepted (every batch read is in a pane), and
@@ -350,6 +373,10 @@ class Monitor:
                 self._close_windows = True
             if s.get("protocol_stopped", 0) and self._written_all(s):
                 self.request_stop(f"the protocol ended after round {s.get('rounds_finalized', 0)}")
+            ended = self._ended()
+            if ended:
+                raise JobEnded(f"the streaming job ended on its own in state {ended} after {now - start:.0f} s "
+                               f"(the runner's log says why); {progress_line(s, now - start)}")
         deadline, drained = time.monotonic() + self._config.drain_timeout, False
         while not drained and time.monotonic() < deadline:
             drained = self._drained(self._poll())
@@ -387,11 +414,10 @@ def uses_pubsub(config: StreamConfig) -> bool:
     return bool(config.subscription or config.output_topic or config.dead_letter_topic or config.broadcast_topic)
 
 
-def kafka_job_args(beam_args) -> tuple[list[str], dict]:
-    """A Kafka collector's Beam arguments and the options its Java transforms
-    need: it runs on a portable runner (Flink), whose job server expands
-    and runs KafkaIO; with checkpoints (``--checkpointing_interval``, 10 s
-    unless given), which commit the offsets and make the state exactly once."""
+def kafka_job_args(beam_args) -> list[str]:
+    """A Kafka collector's Beam arguments: it runs on a portable runner
+    (Flink), which runs KafkaIO; with checkpoints (``--checkpointing_interval``,
+    10 s unless given), which commit the offsets and make the state exactly once."""
     options = PipelineOptions(list(beam_args))
     runner_name = (options.view_as(StandardOptions).runner or "DirectRunner").rsplit(".", 1)[-1]
     if runner_name not in ("PortableRunner", "FlinkRunner"):
@@ -401,7 +427,7 @@ def kafka_job_args(beam_args) -> tuple[list[str], dict]:
     args = list(beam_args)
     if not any(a.startswith("--checkpointing_interval") for a in args):
         args.append(f"--checkpointing_interval={KAFKA_CHECKPOINT_MS}")
-    return args, {"default_environment_type": JAVA_ENVIRONMENT}
+    return args
 
 
 def in_process_workers(beam_args) -> bool:
@@ -419,9 +445,8 @@ def run(config: StreamConfig, beam_args) -> dict:
         extras.require_gcp("Pub/Sub")
     if config.subscription and reads_pubsub_here(beam_args):
         check_reachable(subscription=config.subscription)
-    option_defaults: dict = {}
     if config.kafka_topic:
-        beam_args, option_defaults = kafka_job_args(beam_args)
+        beam_args = kafka_job_args(beam_args)
         if config.kafka_topic not in kafka_admin.topics(config.kafka_bootstrap):
             raise ValueError(f"Kafka topic {config.kafka_topic} does not exist on {config.kafka_bootstrap} "
                              "(kvldp publish --create-topic makes it)")
@@ -448,7 +473,7 @@ def run(config: StreamConfig, beam_args) -> dict:
     direct = runner_name in DIRECT_RUNNERS
     if direct and config.subscription:
         responsive_pulls()           # Beam's DirectRunner stalls ~30 s per pull on an idle subscription
-    p = runner.make_pipeline(args, **option_defaults)
+    p = runner.make_pipeline(args)
     job = uuid.uuid4().hex
     source = config.source(envelope.config_fingerprint(first), id_label=not direct)
     stream_graph(p, config, protocol, names, id_label=not direct, job=job)

@@ -7,8 +7,9 @@ graph whatever the source (``pipelines/stream.py``).
 * Pub/Sub: Beam's ``ReadFromPubSub``, the event time from the
   ``kvldp_event_ms`` attribute, ``id_label`` where the runner honours it.
 * Kafka: Beam's Java ``KafkaIO`` through ``ReadFromKafka`` (a
-  cross-language transform, expanded by the Flink job server's expansion
-  service and run in the job's JVM: ``deploy/flink``). The record's
+  cross-language transform, expanded by the expansion service that
+  ``deploy/flink/flink.sh job-server`` starts beside the job server, as
+  KafkaIO's UnboundedSource, which Flink runs natively in the job's JVM). The record's
   timestamp (CreateTime, set by ``kvldp publish`` to the event time) is the
   element's; headers are the attributes. Offsets are committed to the
   consumer group when Flink finalises a checkpoint, so a job restored from
@@ -25,9 +26,6 @@ from kvldp.schemas import envelope
 
 # Kafka's consumer fetches at most this much of a partition at once: a batch is up to Pub/Sub's 10 MB
 MAX_FETCH_BYTES = 10 * 1024 * 1024 + 4096
-# Python options the Java expansion service reads (Beam passes a pipeline's options to it): KafkaIO's Java
-# transforms run in the job's own JVM (EMBEDDED), not in a Java SDK container (Docker, which is not needed here)
-JAVA_ENVIRONMENT = "EMBEDDED"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,11 +30,10 @@ import time
 import typing
 
 import apache_beam as beam
-from apache_beam.coders import coders
 from apache_beam.transforms import trigger, window
 from apache_beam.transforms.deduplicate import DeduplicatePerKey
 from apache_beam.utils.timestamp import Duration, Timestamp
-from apache_beam.utils.windowed_value import PaneInfoTiming, WindowedValue
+from apache_beam.utils.windowed_value import PaneInfoTiming
 
 from kvldp.schemas import envelope
 from kvldp.transforms.accumulate import Accumulate, Calibrate
@@ -242,10 +241,19 @@ class _CountFn(beam.DoFn):
 
 
 class DeduplicateBatches(beam.PTransform):
-    """``(message id, RoundBatch) -> RoundBatch``, each id once within ``horizon``
-    seconds of processing time (Beam's ``DeduplicatePerKey``: a redelivered
-    batch is counted once on every runner, also where ``id_label`` is not
-    honoured). Counts the unique batches; duplicates = valid - unique."""
+    """``(message id, RoundBatch) -> RoundBatch``, each id once until the
+    watermark is ``horizon`` seconds past its event time (Beam's
+    ``DeduplicatePerKey``: a redelivered batch is counted once on every
+    runner, also where ``id_label`` is not honoured). Counts the unique
+    batches; duplicates = valid - unique.
+
+    Event time, not processing time: a processing-time timer holds the
+    output watermark at its element's timestamp (Beam's Python SDK sets that
+    hold; Flink honours it), so with a horizon of an hour no window
+    downstream would close for an hour. An event-time timer holds only at
+    its own firing time, ``horizon`` after the batch's event time.
+    ``StreamConfig`` keeps ``horizon`` above a window plus its lateness, so a
+    redelivery the windows would still take is always recognised."""
 
     def __init__(self, horizon: float, job: str, label: str | None = None):
         super().__init__(label)
@@ -255,27 +263,26 @@ class DeduplicateBatches(beam.PTransform):
         return (keyed
                 # a str key coder is deterministic, as the stateful dedupe needs
                 | "Typed" >> beam.Map(lambda kv: kv).with_output_types(tuple[str, typing.Any])
-                | "Dedupe" >> DeduplicatePerKey(processing_time_duration=Duration(seconds=self._horizon))
+                | "Dedupe" >> DeduplicatePerKey(event_time_duration=Duration(seconds=self._horizon))
                 | "Unique" >> beam.ParDo(_CountFn(self._job, "batches_unique"))
                 | "Values" >> beam.Values())
 
 
-class KeepWindows(window.NonMergingWindowFn):
-    """A WindowFn that keeps the windows elements already carry (set by
-    ``LatenessGateFn``), so ``WindowInto`` only sets the trigger."""
+@dataclasses.dataclass(frozen=True)
+class GatedBatch:
+    """A batch that passed the lateness gate, with the starts (µs) of the
+    windows still open for it when it did."""
 
-    def assign(self, context):
-        return [context.window]
-
-    def get_window_coder(self):
-        return coders.IntervalWindowCoder()
+    batch: RoundBatch
+    open_window_starts: tuple[int, ...]
 
 
 class LatenessGateFn(beam.DoFn):
-    """``RoundBatch`` (global window, event timestamp) -> the same in each of its
-    windows that is still open on the collector's clock (end +
+    """``RoundBatch`` (global window, event timestamp) -> ``GatedBatch``
+    naming those of its windows still open on the collector's clock (end +
     ``allowed_lateness`` not passed); a batch with no open window is a dead
-    letter, and each window it misses is counted."""
+    letter, and each window it misses is counted. Decided once per batch, on
+    one reading of the clock, so the counts are per batch."""
 
     def __init__(self, spec: WindowSpec, job: str):
         self._spec, self._windowfn = spec, spec.windowfn()
@@ -301,12 +308,23 @@ class LatenessGateFn(beam.DoFn):
             return
         self._accepted.inc()
         self._reports.inc(reports.n_reports)
-        yield WindowedValue(reports, timestamp, open_)
+        yield GatedBatch(reports, tuple(int(w.start.micros) for w in open_))
+
+
+def keep_open_windows(gated: GatedBatch, w=beam.DoFn.WindowParam):
+    """The batch in window ``w`` if the gate found ``w`` open, else nothing."""
+    if int(w.start.micros) in gated.open_window_starts:
+        yield gated.batch
 
 
 class WindowReports(beam.PTransform):
     """``RoundBatch``es -> ``{"reports": in their event-time windows with the
-    triggers of ``spec`` (accumulating panes), "dead_letter": late ones}``."""
+    triggers of ``spec`` (accumulating panes), "dead_letter": late ones}``.
+
+    The windows are Beam's own ``FixedWindows``/``SlidingWindows`` (a
+    portable runner such as Flink assigns and merges windows itself and
+    knows only Beam's), and each batch stays only in the windows the gate
+    found open."""
 
     def __init__(self, spec: WindowSpec, job: str, label: str | None = None):
         super().__init__(label)
@@ -315,10 +333,11 @@ class WindowReports(beam.PTransform):
     def expand(self, reports):
         gated = reports | "LatenessGate" >> beam.ParDo(LatenessGateFn(self._spec, self._job)).with_outputs(
             DEAD_LETTER, main="reports")
-        windowed = gated.reports | "Panes" >> beam.WindowInto(
-            KeepWindows(), trigger=self._spec.trigger(),
-            accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
-            allowed_lateness=Duration(seconds=self._spec.beam_lateness))
+        windowed = (gated.reports
+                    | "Panes" >> beam.WindowInto(self._spec.windowfn(), trigger=self._spec.trigger(),
+                                                 accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
+                                                 allowed_lateness=Duration(seconds=self._spec.beam_lateness))
+                    | "OpenWindows" >> beam.FlatMap(keep_open_windows))
         return {"reports": windowed, DEAD_LETTER: gated[DEAD_LETTER]}
 
 
