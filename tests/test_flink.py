@@ -11,77 +11,24 @@ one is a failure, not a skip. Jars and the distribution are cached under
 ``$KVLDP_FLINK_CACHE`` (default ``deploy/flink/.cache``)."""
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-from pathlib import Path
 
 import fastavro
 import pytest
 
+from flink_cluster import flink_built, job_server, standalone_cluster  # noqa: F401 - fixtures
 from kvldp.pipelines import cli, portable
 from kvldp.pipelines.report import read_estimates
-from ports import free_port
 
 pytestmark = pytest.mark.flink
 
-FLINK_SH = Path(__file__).resolve().parents[1] / "deploy" / "flink" / "flink.sh"
-REQUIRE = "KVLDP_REQUIRE_FLINK"
-START_TIMEOUT_S = 180.0
-ENV = {**os.environ, "PYTHON": sys.executable}
-
-
-
-@pytest.fixture(scope="session")
-def flink_built():
-    missing = [tool for tool in ("java", "mvn") if shutil.which(tool) is None]
-    if missing:
-        reason = f"{' and '.join(missing)} not on PATH"
-        if os.environ.get(REQUIRE) == "1":
-            pytest.fail(f"Flink tests are required ({REQUIRE}=1) but {reason}")
-        pytest.skip(f"Flink unavailable: {reason}")
-    start = time.monotonic()
-    subprocess.run([str(FLINK_SH), "build"], env=ENV, check=True, timeout=1800)
-    print(f"\nflink.sh build: {time.monotonic() - start:.0f} s", file=sys.stderr)
-
-
-@contextlib.contextmanager
-def job_server(master: str = "[local]"):
-    """``localhost:PORT`` of a running ``flink.sh job-server``; stopped (its
-    process group: the script execs a JVM) afterwards."""
-    port = free_port()
-    log = Path(tempfile.mkdtemp(prefix="flink-job-server-")) / "job-server.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([str(FLINK_SH), "job-server", "--port", str(port), "--flink-master", master],
-                                env=ENV, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    endpoint = f"localhost:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                portable.job_server_option_groups(endpoint, timeout=2)
-                break
-            except portable.UnsupportedRunner:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"the job server did not start:\n{log.read_text(errors='replace')[-3000:]}")
-        yield endpoint
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
-def embedded(flink_built):
-    with job_server() as endpoint:
-        yield endpoint
+def embedded(flink_built):  # noqa: F811
+    with job_server() as server:
+        yield server.endpoint
 
 
 def on_flink(endpoint: str) -> list[str]:
@@ -172,23 +119,16 @@ def _avro(path) -> list:
 
 
 @pytest.fixture(scope="module")
-def standalone_cluster(flink_built):
-    """A JobManager and a TaskManager of the Flink distribution, on a free
-    REST port; stopped afterwards."""
-    rest = free_port()
-    subprocess.run([str(FLINK_SH), "cluster", "start", "--rest-port", str(rest), "--slots", "2"],
-                   env=ENV, check=True, timeout=600)
-    try:
-        yield rest
-    finally:
-        subprocess.run([str(FLINK_SH), "cluster", "stop"], check=False, env=ENV, timeout=120)
+def standalone(flink_built):  # noqa: F811
+    with standalone_cluster() as port:
+        yield port
 
 
-def test_a_standalone_cluster_runs_the_job(standalone_cluster, tmp_path, capsys):
-    rest = standalone_cluster
-    with job_server(f"localhost:{rest}") as endpoint:
+def test_a_standalone_cluster_runs_the_job(standalone, tmp_path, capsys):
+    rest = standalone
+    with job_server(f"localhost:{rest}") as server:
         assert_same_on_flink_and_locally(["--mechanism", "pckv-ue", "--epsilon", "2", *SMALL],
-                                         endpoint, tmp_path, capsys)
+                                         server.endpoint, tmp_path, capsys)
     jobs = json.load(urllib.request.urlopen(f"http://localhost:{rest}/jobs/overview", timeout=10))["jobs"]
     assert [j["state"] for j in jobs] == ["FINISHED"], jobs
     overview = json.load(urllib.request.urlopen(f"http://localhost:{rest}/overview", timeout=10))

@@ -162,9 +162,11 @@ cluster() {
   local home here
   home=$(build_flink_home)
   here=$CACHE/cluster-$rest_port          # this cluster's configuration, logs and pids
-  export FLINK_HOME=$home FLINK_CONF_DIR=$here/conf FLINK_LOG_DIR=$here/log FLINK_PID_DIR=$here/pid
-  local jm_pids=$FLINK_PID_DIR/flink-$(id -un)-standalonesession.pid
-  local tm_pids=$FLINK_PID_DIR/flink-$(id -un)-taskexecutor.pid
+  # FLINK_IDENT_STRING names the pid files (Flink's default, $USER, is unset in some shells)
+  export FLINK_HOME=$home FLINK_CONF_DIR=$here/conf FLINK_LOG_DIR=$here/log FLINK_PID_DIR=$here/pid \
+    FLINK_IDENT_STRING=kvldp
+  local jm_pids=$FLINK_PID_DIR/flink-kvldp-standalonesession.pid
+  local tm_pids=$FLINK_PID_DIR/flink-kvldp-taskexecutor.pid
   case $action in
     start)
       if [ -s "$jm_pids" ] && kill -0 "$(head -1 "$jm_pids")" 2>/dev/null; then

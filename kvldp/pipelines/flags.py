@@ -124,11 +124,31 @@ def option_strings(parser: argparse.ArgumentParser) -> list[str]:
     return [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
 
 
+def portable_runner_flags(beam_args) -> set[str]:
+    """The flags the job server of a portable job describes (its runner's
+    options, which Beam's Python SDK learns only from it), else none."""
+    which = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    which.add_argument("--runner", default="")
+    which.add_argument("--job_endpoint", default=None)
+    found = which.parse_known_args(list(beam_args))[0]
+    runner, endpoint = found.runner.rsplit(".", 1)[-1], found.job_endpoint
+    if runner not in ("PortableRunner", "FlinkRunner") or not endpoint or endpoint == "embed":
+        return set()
+    from kvldp.pipelines import portable
+    try:
+        return portable.job_server_flags(endpoint)
+    except portable.UnsupportedRunner:
+        return set()           # the runner check says what is wrong with the endpoint
+
+
 def check_beam_args(beam_args, ours: argparse.ArgumentParser) -> None:
     """Refuse anything in ``beam_args`` (what kvldp's parser left over) that
     Beam does not know either: Beam would only log "Unparseable argument"
     and run with the option silently missing (``--paddng 3`` ran with l = 1)."""
     unknown = beam_flags.unknown(beam_args)
+    if unknown:
+        runner_flags = portable_runner_flags(beam_args)
+        unknown = [a for a in unknown if a.split("=", 1)[0] not in runner_flags]
     if not unknown:
         return
     arg = unknown[0]

@@ -106,6 +106,17 @@ def check_runner(beam_args, version: str | None = None) -> None:
 def job_server_option_groups(endpoint: str, timeout: float | None = None) -> set[str]:
     """The pipeline-option groups (Java classes) a job server describes: a
     Flink job server lists ``org.apache.beam.runners.flink.FlinkPipelineOptions``."""
+    return {option.group for option in _described_options(endpoint, timeout)}
+
+
+def job_server_flags(endpoint: str, timeout: float | None = None) -> set[str]:
+    """The ``--flags`` of the options a job server describes (its runner's,
+    e.g. Flink's ``--checkpointing_interval``): Beam's portable runner adds
+    them to the pipeline's options, so they are Beam options of that job."""
+    return {f"--{option.name}" for option in _described_options(endpoint, timeout)}
+
+
+def _described_options(endpoint: str, timeout: float | None = None) -> list:
     import grpc
     timeout = PROBE_TIMEOUT_S if timeout is None else timeout
     from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc
@@ -118,7 +129,7 @@ def job_server_option_groups(endpoint: str, timeout: float | None = None) -> set
         raise UnsupportedRunner(f"no job server answers at {endpoint} (waited {timeout:g} s): {START_HINT}") from None
     finally:
         channel.close()
-    return {option.group for option in reply.options}
+    return list(reply.options)
 
 
 def check_job_server(runner: str, runner_version: str, version: str | None = None) -> str | None:

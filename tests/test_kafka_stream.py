@@ -1,0 +1,196 @@
+"""The continuous collector on Flink reading Kafka (marker ``flink``; issue 40).
+
+``kvldp publish --kafka-bootstrap`` -> a broker of ``deploy/kafka/kafka.sh``
+-> ``kvldp stream --kafka-bootstrap`` on Flink (the job server of
+``deploy/flink/flink.sh``, parallelism 2, checkpoints on). Each window's
+final pane equals ``kvldp collect`` over that window's report files and the
+DirectRunner's pane over the same reports on Pub/Sub; redeliveries count
+once; a record that is not a report is a dead letter with its reason; and a
+TaskManager killed (SIGKILL) in the middle of a window loses no report and
+counts none twice: the window's final pane is the uncrashed one.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flink_cluster import ENV, cluster, flink_built, job_server, kafka_broker, rest, standalone_cluster  # noqa: F401
+from kvldp.pipelines import kafka_admin, publish
+from kvldp.schemas import envelope
+from pubsub_emulator import emulator_host, pubsub  # noqa: F401 - fixtures
+from test_streaming import (
+    assert_same_estimates,
+    collect_window,
+    dead_letters,
+    panes,
+    perturb,
+    run_stream,
+    stream_argv,
+    window_start_ms,
+)
+
+pytestmark = pytest.mark.flink
+
+D, MECHANISM, EPS = 10, "pckv-ue", 2.0
+
+
+@pytest.fixture(scope="module")
+def broker():
+    with kafka_broker() as bootstrap:
+        yield bootstrap
+
+
+@pytest.fixture(scope="module")
+def embedded(flink_built):  # noqa: F811
+    with job_server() as server:
+        yield server
+
+
+def send(bootstrap: str, topic: str, files, times, run: str | None = None) -> list[dict]:
+    kafka_admin.check_topic(bootstrap, topic, create=True, partitions=2)
+    return publish.publish_report_files(files, kafka_admin.KafkaSink(bootstrap, topic), times, run=run)
+
+
+def kafka_argv(bootstrap, topic, server, out: Path, window_s: float, *extra) -> list[str]:
+    return ["stream", "--mechanism", MECHANISM, "--epsilon", str(EPS), "--keys", str(D),
+            "--kafka-bootstrap", bootstrap, "--kafka-topic", topic, "--expansion-service", server.expansion_service,
+            "--window", f"{window_s:g}s", "--output-dir", str(out / "panes"), "--dead-letter-dir", str(out / "dead"),
+            "--progress-every", "5s", *extra,
+            "--runner", "PortableRunner", "--job_endpoint", server.endpoint, "--environment_type", "LOOPBACK",
+            "--parallelism", "2"]
+
+
+def test_each_window_on_flink_equals_collect_and_the_direct_runner(broker, embedded, pubsub, tmp_path):  # noqa: F811
+    """60 batches over 2 event-time windows on Kafka, 6 redelivered (the
+    same run), one record that is not a report: on Flink each window's final
+    pane equals collect over its report files and the DirectRunner's pane
+    over the same messages on Pub/Sub, count for count."""
+    size = 10.0
+    files = perturb(tmp_path, "reports", MECHANISM, EPS, users=6_000, batch=100)
+    start = window_start_ms(lead_s=40.0, size_s=size)       # the job is up before the windows' reports are read
+    times = publish.spread_event_times(len(files), start, 2 * size - 0.2)
+    topic = "reports-equal"
+    sent = send(broker, topic, files, times)
+    again = list(range(0, len(files), 10))
+    send(broker, topic, [files[i] for i in again], [times[i] for i in again], run=sent[0][envelope.RUN])
+    from confluent_kafka import Producer
+    stray = Producer({"bootstrap.servers": broker})
+    stray.produce(topic, b"not a report", timestamp=start)
+    stray.flush(30)
+
+    flink_out = tmp_path / "flink"
+    result = run_stream(kafka_argv(broker, topic, embedded, flink_out, size, "--early-every", "2s",
+                                   "--stop-after-windows", "2", "--max-runtime", "240s"))
+    stats = result["stats"]
+    assert stats["messages_read"] == 60 + 6 + 1 and stats["messages_rejected"] == 1
+    assert stats["messages_valid"] - stats["batches_unique"] == 6 and stats["batches_accepted"] == 60
+    [letter] = dead_letters(flink_out)
+    assert letter["reason"] == "malformed attributes" and "no kvldp_fingerprint" in letter["detail"]
+
+    # the same messages on Pub/Sub, on the DirectRunner, in windows as many whole windows later (those above
+    # have closed): each window holds the same batches
+    ps_topic, ps_sub = pubsub.topic_and_subscription("kafka-twin")
+    shift = window_start_ms(lead_s=8.0, size_s=size) - start
+    publish.publish_report_files(files, ps_topic, [t + shift for t in times])
+    direct_out = tmp_path / "direct"
+    run_stream(stream_argv(MECHANISM, EPS, ps_sub, direct_out, size, "--stop-after-windows", "2",
+                           "--max-runtime", "120s"))
+
+    flink, direct = panes(flink_out), panes(direct_out)
+    assert len(flink) == 2 and [(a + shift, b + shift) for a, b in flink] == list(direct)
+    for k, ((w_start, w_end), ps) in enumerate(flink.items()):
+        final = ps[-1]
+        assert final[0]["pane_timing"] == "ON_TIME", [p[0]["pane_timing"] for p in ps]
+        in_window = [f for f, t in zip(files, times, strict=True) if w_start <= t < w_end]
+        assert final[0]["n_reports"] == 100 * len(in_window)
+        assert_same_estimates(final, collect_window(tmp_path, in_window, MECHANISM, EPS, f"w{k}"))
+        twin = direct[(w_start + shift, w_end + shift)][-1]
+        assert twin[0]["pane_timing"] == "ON_TIME"
+        assert_same_estimates(final, {r["key"]: r for r in twin})
+
+
+def _latest_pane(out: Path) -> dict | None:
+    found = [p for ps in panes(out).values() for p in ps]
+    return max(found, key=lambda p: (p[0]["pane_index"]))[0] if found else None
+
+
+def _checkpoints(port: int) -> dict:
+    """Flink's checkpoint statistics of the running job ({} if none runs)."""
+    jobs = [j for j in rest(port, "/jobs/overview")["jobs"] if j["state"] == "RUNNING"]
+    return rest(port, f"/jobs/{jobs[0]['jid']}/checkpoints") if jobs else {}
+
+
+def _completed_checkpoints(port: int) -> int:
+    return int(_checkpoints(port).get("counts", {}).get("completed", 0))
+
+
+def _wait(condition, what: str, proc, timeout: float = 180.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"the stream exited while waiting for {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s"
+        time.sleep(0.5)
+
+
+def test_a_taskmanager_killed_mid_window_loses_nothing_and_counts_nothing_twice(flink_built, broker,  # noqa: F811
+                                                                                tmp_path):
+    """Exactly once through a crash: half a window's batches are read and
+    checkpointed, the TaskManager is killed (SIGKILL), a new one joins and
+    Flink restores the job from its last checkpoint; the other half arrives.
+    The window's final pane holds every report once: it equals collect over
+    all the window's report files (the uncrashed result, as the test above
+    shows for a run without a crash)."""
+    size = 60.0
+    files = perturb(tmp_path, "reports", MECHANISM, EPS, users=4_000, batch=100)      # 40 batches
+    start = window_start_ms(lead_s=25.0, size_s=size)
+    times = [start + 500 * i for i in range(len(files))]                                # the window's first 20 s
+    first, second = files[:20], files[20:]
+    topic = "reports-crash"
+    run = envelope.new_run()
+    send(broker, topic, first, times[:20], run=run)
+    with standalone_cluster() as port, job_server(f"localhost:{port}") as server:
+        out = tmp_path / "crash"
+        argv = [sys.executable, "-m", "kvldp", *kafka_argv(
+            broker, topic, server, out, size, "--early-every", "1s", "--stop-after-windows", "1",
+            "--max-runtime", "400s", "--checkpointing_interval=2000")]
+        log = tmp_path / "stream.log"
+        with open(log, "w") as fh:
+            proc = subprocess.Popen(argv, env={**ENV, "PYTHONUNBUFFERED": "1"}, stdout=fh, stderr=subprocess.STDOUT)
+        try:
+            _wait(lambda: (_latest_pane(out) or {}).get("n_reports") == 2_000, "an early pane of the first half",
+                  proc)
+            before = _completed_checkpoints(port)
+            _wait(lambda: _completed_checkpoints(port) >= before + 2, "two checkpoints after it", proc)
+            cluster("kill-taskmanager", port)
+            crashed_at = time.monotonic()
+            cluster("add-taskmanager", port)
+            send(broker, topic, second, times[20:], run=run)
+            _wait(lambda: any(p[-1][0]["pane_timing"] == "ON_TIME" for p in panes(out).values()),
+                  "the window's on-time pane", proc, timeout=300)
+            print(f"\non-time pane {time.monotonic() - crashed_at:.0f} s after the crash", file=sys.stderr)
+            restored = (_checkpoints(port).get("latest") or {}).get("restored")
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        output = log.read_text()
+        assert proc.returncode == 0, output[-3000:]
+    # the job was restored from a checkpoint taken before the crash (not run through on a survivor)
+    assert restored and restored["id"] >= before, restored
+    [(_, ps)] = panes(out).items()
+    timings = [p[0]["pane_timing"] for p in ps]
+    final = ps[-1]
+    assert final[0]["pane_timing"] == "ON_TIME", timings
+    assert final[0]["n_reports"] == 4_000
+    assert_same_estimates(final, collect_window(tmp_path, files, MECHANISM, EPS, "all"))
+    assert not glob.glob(str(out / "dead" / "*.json")), [json.loads(Path(p).read_text())
+                                                          for p in glob.glob(str(out / "dead" / "*.json"))]
+    summary = {"panes": [(p[0]["pane_index"], p[0]["pane_timing"], p[0]["n_reports"]) for p in ps]}
+    (Path(os.environ.get("KVLDP_CRASH_REPORT", tmp_path / "crash.json"))).write_text(json.dumps(summary))
