@@ -428,14 +428,14 @@ def test_the_job_stops_only_once_every_pane_is_published(tmp_path):
                                   "--subscription", "projects/proj-a/subscriptions/reports", "--window", "4s",
                                   "--output-dir", str(tmp_path), "--output-topic", "projects/proj-a/topics/panes",
                                   "--broadcast-topic", "projects/proj-a/topics/broadcasts"])
-    monitor = stream.Monitor(None, config, "job", direct=True)
+    monitor = stream.Monitor(None, config, "job", in_process=True)
     stats = {"panes_emitted": 6, "pane_files_written": 6, "rounds_finalized": 2, "round_files_written": 2,
              stream.PANES_PUBLISHED: 5, stream.BROADCASTS_PUBLISHED: 2}
     assert not monitor._written_all(stats)
     assert monitor._written_all({**stats, stream.PANES_PUBLISHED: 6})
     assert not monitor._written_all({**stats, stream.PANES_PUBLISHED: 6, stream.BROADCASTS_PUBLISHED: 1})
     files_only = dataclasses.replace(config, output_topic=None, broadcast_topic=None)
-    assert stream.Monitor(None, files_only, "job", direct=True)._written_all(stats)
+    assert stream.Monitor(None, files_only, "job", in_process=True)._written_all(stats)
 
 
 def test_the_job_stops_only_once_every_dead_letter_is_written_and_published(tmp_path):
@@ -448,7 +448,7 @@ def test_the_job_stops_only_once_every_dead_letter_is_written_and_published(tmp_
                                   "--subscription", "projects/proj-a/subscriptions/reports", "--window", "4s",
                                   "--output-dir", str(tmp_path / "panes"), "--dead-letter-dir",
                                   str(tmp_path / "dead"), "--dead-letter-topic", "projects/proj-a/topics/dead"])
-    monitor = stream.Monitor(None, config, "job", direct=True)
+    monitor = stream.Monitor(None, config, "job", in_process=True)
     done = {"panes_emitted": 0, DEAD_LETTERS_EMITTED: 3, stream.DEAD_LETTER_FILES_WRITTEN: 3,
             stream.DEAD_LETTERS_PUBLISHED: 3}
     assert monitor._written_all(done)
@@ -456,5 +456,5 @@ def test_the_job_stops_only_once_every_dead_letter_is_written_and_published(tmp_
     assert not monitor._written_all({**done, stream.DEAD_LETTERS_PUBLISHED: 2})
     assert monitor._unwritten({**done, stream.DEAD_LETTERS_PUBLISHED: 1}) == ["2 of 3 dead-letter messages"]
     topic_only = dataclasses.replace(config, dead_letter_dir=None)
-    assert stream.Monitor(None, topic_only, "job", direct=True)._written_all(
+    assert stream.Monitor(None, topic_only, "job", in_process=True)._written_all(
         {**done, stream.DEAD_LETTER_FILES_WRITTEN: 0})

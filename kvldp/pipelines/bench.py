@@ -12,7 +12,17 @@ import numpy as np
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.randomness import SimulationSeed, noise_generator_name
-from kvldp.pipelines import bench_kernels, bench_sweep, mechanism_args, runner, sources, sweep
+from kvldp.pipelines import (
+    bench_kernels,
+    bench_stream,
+    bench_sweep,
+    kafka_admin,
+    mechanism_args,
+    runner,
+    sources,
+    sweep,
+)
+from kvldp.pipelines.bench_stream import StreamBenchConfig
 from kvldp.pipelines.graphs import simulate_graph
 from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.report import read_estimates
@@ -44,6 +54,18 @@ def add_arguments(parser: argparse.ArgumentParser):
     sweep.add_argument("--stock", action="store_true",
                        help="also time each point's Beam job on stock Beam (KVLDP_STOCK_BEAM=1: Beam's own "
                             "runner, none of kvldp.runtime's tweaks), path beam-stock in bench.csv")
+    live = parser.add_argument_group("the streaming collector (kvldp stream): throughput and latency "
+                                     "(bench_stream.py); the runner is the Beam arguments'")
+    live.add_argument("--stream", default=None, type=path_arg, metavar="DIR",
+                      help="benchmark kvldp stream into DIR (stream_bench.csv): a backlog of --users reports in "
+                           "batches of --batch-size, then --stream-rate batches/s for --stream-seconds")
+    live.add_argument("--stream-rate", type=float, default=2.0, help="batches per second in the latency phase (2)")
+    live.add_argument("--stream-seconds", type=float, default=30.0, help="length of the latency phase (30 s)")
+    live.add_argument("--stream-kafka-bootstrap", default=None, type=kafka_admin.bootstrap_arg,
+                      help="HOST:PORT of a Kafka broker to stream from (default: Pub/Sub, the emulator of "
+                           "PUBSUB_EMULATOR_HOST)")
+    live.add_argument("--stream-expansion-service", default="localhost:8097",
+                      help="the expansion service for KafkaIO (flink.sh job-server's; default localhost:8097)")
     sweep.add_argument("--kernels", action="store_true",
                        help="also the GRR/OUE/OLH kernels against the plain NumPy floor, and the peer libraries "
                             "when installed (pip install 'kvldp[bench]')")
@@ -61,6 +83,7 @@ class BenchConfig:
     sizes: tuple[int, ...] = (100_000, 1_000_000, 10_000_000)
     kernels: bool = False
     stock: bool = False                       # the sweep also runs each Beam job on stock Beam
+    stream: StreamBenchConfig | None = None   # kvldp bench --stream: the streaming collector instead
 
     def __post_init__(self):
         for name in self.mechanisms:
@@ -74,8 +97,12 @@ class BenchConfig:
             sizes = tuple(int(float(s)) for s in args.sizes.split(","))
         except ValueError:
             raise ValueError(f"--sizes takes comma-separated user counts, got {args.sizes!r}") from None
+        live = None if args.stream is None else StreamBenchConfig(
+            args.stream, args.mechanism, args.epsilon, args.keys, args.users, args.batch_size or 1_000,
+            args.stream_rate, args.stream_seconds, kafka_bootstrap=args.stream_kafka_bootstrap,
+            expansion_service=args.stream_expansion_service, seed=args.seed)
         return cls(DataConfig.from_args(args), MechanismConfig.from_args(args), args.repeats, args.sweep,
-                   tuple(names), sizes, args.kernels, args.stock)
+                   tuple(names), sizes, args.kernels, args.stock, live)
 
 
 def _beam_run(config: BenchConfig, beam_args, dataset, mechanism, seed) -> tuple[float, np.ndarray, dict]:
@@ -125,6 +152,8 @@ def in_key_order(keys, values, wanted) -> np.ndarray:
 def run(config: BenchConfig, beam_args) -> dict:
     if config.sweep:
         return run_sweep(config)
+    if config.stream is not None:
+        return bench_stream.run(config.stream, beam_args)
     data = config.data
     seeds = sources.Seeds.of(data)
     dataset = sources.built_in_dataset(data, seeds.data)

@@ -25,6 +25,7 @@ import signal
 import sys
 import threading
 import time
+import typing
 import uuid
 
 import apache_beam as beam
@@ -440,7 +441,43 @@ def in_process_workers(beam_args) -> bool:
     return (options.view_as(PortableOptions).environment_type or "").upper() == "LOOPBACK"
 
 
+@dataclasses.dataclass
+class StartedStream:
+    """A streaming job that runs: its result, the key of its in-process
+    counters, the protocol and the first round's configuration fingerprint."""
+
+    result: typing.Any
+    job: str
+    protocol: typing.Any
+    fingerprint: str
+    in_process: bool
+
+    def counters(self) -> dict:
+        return tally(self.job) if self.in_process else runner.counters(self.result, quiet=True)
+
+    def stop(self):
+        self.result.cancel()
+        forget(self.job)
+
+
 def run(config: StreamConfig, beam_args) -> dict:
+    started = start(config, beam_args)
+    monitor = Monitor(started.result, config, started.job, started.in_process)
+    previous = _install_sigint(monitor)
+    try:
+        reason = monitor.run()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+        started.stop()
+    return {"stats": monitor.stats, "stop": reason, "mechanism": started.protocol,
+            "fingerprint": started.fingerprint}
+
+
+def start(config: StreamConfig, beam_args) -> StartedStream:
+    """Check the source and the protocol, build the graph and submit it
+    (without waiting): ``run`` watches it with a ``Monitor``, ``kvldp bench
+    --stream`` with its own clock."""
     if uses_pubsub(config):
         extras.require_gcp("Pub/Sub")
     if config.subscription and reads_pubsub_here(beam_args):
@@ -481,14 +518,4 @@ def run(config: StreamConfig, beam_args) -> dict:
           f"{envelope.config_fingerprint(first)[:16]}…); windows of {config.windows.size:g} s",
           flush=True)
     result = runner.run_pipeline(p, wait=False)
-    monitor = Monitor(result, config, job, in_process_workers(args))
-    previous = _install_sigint(monitor)
-    try:
-        reason = monitor.run()
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-        result.cancel()
-        forget(job)
-    return {"stats": monitor.stats, "stop": reason, "mechanism": protocol,
-            "fingerprint": envelope.config_fingerprint(first)}
+    return StartedStream(result, job, protocol, envelope.config_fingerprint(first), in_process_workers(args))

@@ -56,16 +56,23 @@ def _regex(action: argparse.Action, option_meta: dict | None) -> str | None:
     return None
 
 
+# the stream's Kafka source runs on Flink (deploy/flink): the Dataflow template reads Pub/Sub, which it needs
+NOT_ON_DATAFLOW = {"kafka_bootstrap", "kafka_topic", "kafka_group", "expansion_service"}
+REQUIRED_ON_DATAFLOW = {"stream": {"subscription"}}
+
+
 def parameters(command: str = COMMAND) -> list[dict]:
-    """One template parameter per flag of ``kvldp COMMAND``."""
+    """One template parameter per flag of ``kvldp COMMAND`` (the Kafka source's
+    excepted)."""
     options = {name: flag.meta for name, flag in {**mechanism_flags(), **job_flags(LongitudinalOptions)}.items()}
     sub = cli.subcommand_parser(cli.parser(), command)
     out = []
     for action in sub._actions:
-        if not action.option_strings or action.dest == "help":
+        if not action.option_strings or action.dest == "help" or action.dest in NOT_ON_DATAFLOW:
             continue
+        required = action.required or action.dest in REQUIRED_ON_DATAFLOW.get(command, ())
         param = {"name": action.dest, "label": action.dest.replace("_", " ").capitalize(),
-                 "helpText": (action.help or action.dest).replace("%%", "%"), "isOptional": not action.required}
+                 "helpText": (action.help or action.dest).replace("%%", "%"), "isOptional": not required}
         regex = _regex(action, options.get(action.dest))
         if regex:
             param["regexes"] = [regex]
