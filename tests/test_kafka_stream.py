@@ -58,6 +58,18 @@ def send(bootstrap: str, topic: str, files, times, run: str | None = None) -> li
     return publish.publish_report_files(files, kafka_admin.KafkaSink(bootstrap, topic), times, run=run)
 
 
+def committed_offsets(bootstrap: str, topic: str, group: str) -> int:
+    """Records of ``topic`` the consumer ``group`` has committed as read."""
+    from confluent_kafka import Consumer, TopicPartition
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        done = consumer.committed([TopicPartition(topic, k) for k in partitions], timeout=10)
+        return sum(max(0, tp.offset) for tp in done)
+    finally:
+        consumer.close()
+
+
 def kafka_argv(bootstrap, topic, server, out: Path, window_s: float, *extra) -> list[str]:
     return ["stream", "--mechanism", MECHANISM, "--epsilon", str(EPS), "--keys", str(D),
             "--kafka-bootstrap", bootstrap, "--kafka-topic", topic, "--expansion-service", server.expansion_service,
@@ -93,6 +105,8 @@ def test_each_window_on_flink_equals_collect_and_the_direct_runner(broker, embed
     assert stats["messages_valid"] - stats["batches_unique"] == 6 and stats["batches_accepted"] == 60
     [letter] = dead_letters(flink_out)
     assert letter["reason"] == "malformed attributes" and "no kvldp_fingerprint" in letter["detail"]
+    # the offsets were committed to the collection's consumer group on Flink's checkpoints
+    assert committed_offsets(broker, topic, f"kvldp-{result['fingerprint'][:16]}") == 60 + 6 + 1
 
     # the same messages on Pub/Sub, on the DirectRunner, in windows as many whole windows later (those above
     # have closed): each window holds the same batches
