@@ -40,21 +40,15 @@ POM_HASH=$(sha256sum "$HERE/pom.xml" | cut -c1-12)      # a changed pom.xml buil
 LIB=$CACHE/job-server-$BEAM_RUNNER_VERSION-flink-$FLINK_MINOR-$POM_HASH/lib
 
 die() { echo "flink.sh: $*" >&2; exit 2; }
+# shellcheck source=../maven_classpath.sh
+. "$HERE/../maven_classpath.sh"
 
 # What Flink's own config.yaml gives every Flink JVM on Java 17 (env.java.opts.all of the 1.19 distribution):
 # without it Flink's Kryo cannot snapshot state (a streaming job's first checkpoint fails on java.util).
 JAVA_MODULE_OPTS="--add-exports=java.base/sun.net.util=ALL-UNNAMED --add-exports=java.rmi/sun.rmi.registry=ALL-UNNAMED --add-exports=jdk.compiler/com.sun.tools.javac.api=ALL-UNNAMED --add-exports=jdk.compiler/com.sun.tools.javac.file=ALL-UNNAMED --add-exports=jdk.compiler/com.sun.tools.javac.parser=ALL-UNNAMED --add-exports=jdk.compiler/com.sun.tools.javac.tree=ALL-UNNAMED --add-exports=jdk.compiler/com.sun.tools.javac.util=ALL-UNNAMED --add-exports=java.security.jgss/sun.security.krb5=ALL-UNNAMED --add-opens=java.base/java.lang=ALL-UNNAMED --add-opens=java.base/java.net=ALL-UNNAMED --add-opens=java.base/java.io=ALL-UNNAMED --add-opens=java.base/java.nio=ALL-UNNAMED --add-opens=java.base/sun.nio.ch=ALL-UNNAMED --add-opens=java.base/java.lang.reflect=ALL-UNNAMED --add-opens=java.base/java.text=ALL-UNNAMED --add-opens=java.base/java.time=ALL-UNNAMED --add-opens=java.base/java.util=ALL-UNNAMED --add-opens=java.base/java.util.concurrent=ALL-UNNAMED --add-opens=java.base/java.util.concurrent.atomic=ALL-UNNAMED --add-opens=java.base/java.util.concurrent.locks=ALL-UNNAMED"
 
 build_job_server() {
-  [ -f "$LIB/.complete" ] && return
-  command -v mvn >/dev/null || die "Maven (mvn) is needed to resolve the job server's classpath"
-  command -v java >/dev/null || die "Java (11 or 17) is needed to run the job server"
-  echo "flink.sh: resolving beam-runners-flink-$FLINK_MINOR:$BEAM_RUNNER_VERSION into $LIB" >&2
-  local work=$CACHE/maven
-  rm -rf "$LIB" "$work" && mkdir -p "$work" "$LIB"
-  cp "$HERE/pom.xml" "$work/pom.xml"          # Maven's target/ goes to the cache, not the source tree
-  mvn -q -B -f "$work/pom.xml" -Dmaven.repo.local="$CACHE/m2" -Dkvldp.lib="$LIB" package
-  touch "$LIB/.complete"
+  resolve_classpath "$HERE" "$CACHE" "$LIB" "the job server (beam-runners-flink-$FLINK_MINOR $BEAM_RUNNER_VERSION)"
 }
 
 flink_version() {   # the Flink release the runner was built against = the cluster's

@@ -25,18 +25,10 @@ LIB=$CACHE/kafka-$KAFKA_VERSION-$POM_HASH/lib
 START_TIMEOUT_S=${KVLDP_KAFKA_START_TIMEOUT:-90}
 
 die() { echo "kafka.sh: $*" >&2; exit 2; }
+# shellcheck source=../maven_classpath.sh
+. "$HERE/../maven_classpath.sh"
 
-build() {
-  [ -f "$LIB/.complete" ] && return
-  command -v mvn >/dev/null || die "Maven (mvn) is needed to resolve the broker's classpath"
-  command -v java >/dev/null || die "Java (11 or newer) is needed to run the broker"
-  echo "kafka.sh: resolving kafka_2.13:$KAFKA_VERSION into $LIB" >&2
-  local work=$CACHE/maven
-  rm -rf "$LIB" "$work" && mkdir -p "$work" "$LIB"
-  cp "$HERE/pom.xml" "$work/pom.xml"          # Maven's target/ goes to the cache, not the source tree
-  mvn -q -B -f "$work/pom.xml" -Dmaven.repo.local="$CACHE/m2" -Dkvldp.lib="$LIB" package
-  touch "$LIB/.complete"
-}
+build() { resolve_classpath "$HERE" "$CACHE" "$LIB" "the Kafka broker (kafka_2.13 $KAFKA_VERSION)"; }
 
 run_dir() { echo "$CACHE/broker-$1"; }
 
