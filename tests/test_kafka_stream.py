@@ -5,9 +5,10 @@
 ``deploy/flink/flink.sh``, parallelism 2, checkpoints on). Each window's
 final pane equals ``kvldp collect`` over that window's report files and the
 DirectRunner's pane over the same reports on Pub/Sub; redeliveries count
-once; a record that is not a report is a dead letter with its reason; and a
+once; a record that is not a report is a dead letter with its reason; a
 TaskManager killed (SIGKILL) in the middle of a window loses no report and
-counts none twice: the window's final pane is the uncrashed one.
+counts none twice: the window's final pane is the uncrashed one; and a
+multi-round protocol runs its rounds over Kafka, its broadcasts on Pub/Sub.
 """
 from __future__ import annotations
 
@@ -16,18 +17,21 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from flink_cluster import ENV, cluster, flink_built, job_server, kafka_broker, rest, standalone_cluster  # noqa: F401
-from kvldp.pipelines import kafka_admin, publish
+from kvldp.pipelines import cli, kafka_admin, publish
+from kvldp.pipelines.report import read_estimates
 from kvldp.schemas import envelope
 from pubsub_emulator import emulator_host, pubsub  # noqa: F401 - fixtures
 from test_streaming import (
     assert_same_estimates,
     collect_window,
+    copy_reports,
     dead_letters,
     panes,
     perturb,
@@ -208,3 +212,50 @@ def test_a_taskmanager_killed_mid_window_loses_nothing_and_counts_nothing_twice(
                                                           for p in glob.glob(str(out / "dead" / "*.json"))]
     summary = {"panes": [(p[0]["pane_index"], p[0]["pane_timing"], p[0]["n_reports"]) for p in ps]}
     (Path(os.environ.get("KVLDP_CRASH_REPORT", tmp_path / "crash.json"))).write_text(json.dumps(summary))
+
+
+def test_a_multi_round_protocol_over_kafka_on_flink(broker, embedded, pubsub, tmp_path):  # noqa: F811
+    """PrivKVM with 2 rounds: the devices' reports go to Kafka, the
+    collector on Flink finalises round 1 at its window's on-time pane and
+    publishes the broadcast (Pub/Sub), the devices perturb round 2 with it;
+    each round's estimates equal the split deployment's ``collect --round r
+    --broadcast`` over the same reports."""
+    size, cid, topic = 10.0, "0123456789abcdef0123456789abcdef", "rounds"
+    common = ["--mechanism", "privkvm", "--rounds", "2", "--epsilon", str(EPS), "--keys", str(D)]
+    b_topic, b_sub = pubsub.topic_and_subscription("kafka-broadcasts")
+    kafka_admin.check_topic(broker, topic, create=True, partitions=2)
+    first = window_start_ms(lead_s=30.0, size_s=size) + 100       # the job is up before round 1's window closes
+    publisher: dict = {}
+
+    def devices():
+        _, config, beam_args = cli.configure([
+            "publish", *common, "--users", "2000", "--batch-size", "200", "--seed", "5", "--dataset",
+            "synthetic-gg", "--collection-id", cid, "--output", str(tmp_path / "dev" / "R.avro"),
+            "--kafka-bootstrap", broker, "--kafka-topic", topic, "--event-time", str(first),
+            "--window", f"{size:g}s", "--broadcast-subscription", b_sub, "--broadcast-timeout", "120s"])
+        publisher.update(publish.run(config, beam_args))
+
+    thread = threading.Thread(target=devices)
+    thread.start()
+    argv = kafka_argv(broker, topic, embedded, tmp_path, size, "--max-runtime", "240s", "--collection-id", cid,
+                      "--broadcast-topic", b_topic)
+    argv[argv.index("--mechanism"):argv.index("--kafka-bootstrap")] = common
+    result = run_stream(argv)
+    thread.join(timeout=120)
+    assert not thread.is_alive() and len(publisher["rounds"]) == 2
+    assert result["stop"] == "the protocol ended after round 2", result["stop"]
+    assert result["stats"]["rounds_finalized"] == 2 and result["stats"].get("batches_refused", 0) == 0
+    assert not dead_letters(tmp_path)
+    by_round = {}
+    for ps in panes(tmp_path).values():
+        [on_time] = [p for p in ps if p[0]["pane_timing"] == "ON_TIME"]
+        by_round[on_time[0]["round"]] = on_time
+    assert sorted(by_round) == [1, 2]
+    for r in (1, 2):
+        files = publisher["rounds"][r - 1]["files"]
+        directory = copy_reports(files, tmp_path / f"split-r{r}")
+        est = tmp_path / f"split-r{r}.jsonl"
+        extra = [] if r == 1 else ["--broadcast", str(tmp_path / "panes" / "round-01.broadcast.avro")]
+        assert cli.main(["collect", *common, "--round", str(r), *extra, "--input", str(directory / "R*.avro"),
+                         "--output", str(est)]) == 0
+        assert_same_estimates(by_round[r], {x["key"]: x for x in read_estimates(str(est))})

@@ -241,9 +241,6 @@ def _publish_round(config: PublishConfig, perturb: PerturbConfig, beam_args, run
 def run(config: PublishConfig, beam_args) -> dict:
     perturb = config.perturb
     rounds = perturb.mechanism.make(2).max_rounds
-    if config.kafka_topic and rounds > 1:
-        raise ValueError(f"{perturb.mechanism.name} runs {rounds} rounds: its broadcasts travel on Pub/Sub, so "
-                         "publish it with --topic (multi-round collection over Kafka is not supported yet)")
     if not config.kafka_topic or config.broadcast_subscription:
         extras.require_gcp("Pub/Sub")
     if rounds > 1 and (not config.broadcast_subscription or not config.window):
@@ -255,6 +252,8 @@ def run(config: PublishConfig, beam_args) -> dict:
         if kafka_admin.check_topic(config.kafka_bootstrap, config.kafka_topic, config.create_topic,
                                    config.kafka_partitions):
             print(f"created Kafka topic {config.kafka_topic} ({config.kafka_partitions} partitions)")
+        if config.broadcast_subscription:       # a multi-round protocol's broadcasts come on Pub/Sub
+            check_reachable(subscription=config.broadcast_subscription)
     else:
         check_reachable(topic=config.topic, subscription=config.broadcast_subscription)
         if config.create_topic and ensure_topic(config.topic):

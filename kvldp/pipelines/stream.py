@@ -520,9 +520,6 @@ def start(config: StreamConfig, beam_args) -> StartedStream:
                              "final at its window's on-time pane")
         if config.windows.every is not None:
             raise ValueError("a multi-round stream runs one round per fixed window: no --sliding-every")
-        if config.kafka_topic:
-            raise ValueError(f"{protocol.name} runs several rounds, whose broadcasts travel on Pub/Sub: stream it "
-                             "from --subscription (multi-round collection over Kafka is not supported yet)")
     first = round_configs(protocol, config.collection_id)[0]
     if config.subscribe_to and ensure_subscription(config.subscription, config.subscribe_to):
         print(f"created subscription {config.subscription} on {config.subscribe_to}")
