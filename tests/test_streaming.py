@@ -458,3 +458,17 @@ def test_the_job_stops_only_once_every_dead_letter_is_written_and_published(tmp_
     topic_only = dataclasses.replace(config, dead_letter_dir=None)
     assert stream.Monitor(None, topic_only, "job", in_process=True)._written_all(
         {**done, stream.DEAD_LETTER_FILES_WRITTEN: 0})
+
+
+def test_bench_stream_measures_throughput_and_latency(pubsub, tmp_path, capsys):  # noqa: F811
+    """``kvldp bench --stream``: a backlog drained, then batches at a rate;
+    every batch sent is found in a pane, and the row lands in the CSV."""
+    import csv
+    assert cli.main(["bench", "--stream", str(tmp_path), "--users", "5000", "--batch-size", "500",
+                     "--stream-rate", "2", "--stream-seconds", "3", "--keys", str(D)]) == 0
+    out = capsys.readouterr().out
+    assert "kvldp stream on DirectRunner (parallelism 1, pubsub)" in out
+    [row] = list(csv.DictReader(open(tmp_path / "stream_bench.csv")))
+    assert row["users"] == "5000" and row["batch_size"] == "500" and row["latency_batches"] == "6/6"
+    assert 0 < float(row["pane_per_s"]) <= float(row["accepted_per_s"])      # accepted before it is in a pane
+    assert 0 <= float(row["latency_p50_s"]) <= float(row["latency_p95_s"]) <= float(row["latency_max_s"]) < 60

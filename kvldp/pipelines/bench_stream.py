@@ -24,6 +24,7 @@ the latency. Results are printed and appended to ``DIR/stream_bench.csv``.
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import dataclasses
 import glob
@@ -37,6 +38,7 @@ from kvldp.pipelines import kafka_admin, publish, split, stream
 from kvldp.pipelines.report import read_estimates
 
 BENCH_WINDOW_S = 1_000_000_000
+POLL_S = 0.05
 CSV_FIELDS = ("runner", "source", "parallelism", "cores", "mechanism", "keys", "batch_size", "users",
               "startup_s", "accepted_per_s", "pane_per_s", "pane_per_core_per_s", "trigger_s", "latency_batches",
               "latency_p50_s", "latency_p95_s", "latency_max_s")
@@ -66,14 +68,22 @@ class StreamBenchConfig:
 
 
 def _perturb(config: StreamBenchConfig, name: str, users: int, seed: int) -> list[tuple[int, str]]:
-    from kvldp.pipelines import cli  # the CLI imports bench, which imports this module
     prefix = Path(config.out) / name / "R.avro"
-    _, perturb, args = cli.configure(["perturb", "--mechanism", config.mechanism, "--epsilon", str(config.epsilon),
-                             "--keys", str(config.keys), "--users", str(users), "--batch-size",
-                             str(config.batch_size), "--seed", str(seed), "--dataset", "synthetic-uu",
-                             "--output", str(prefix), "--overwrite"])
+    perturb, args = _configured(split.add_perturb_arguments, split.PerturbConfig, [
+        "--mechanism", config.mechanism, "--epsilon", str(config.epsilon), "--keys", str(config.keys),
+        "--users", str(users), "--batch-size", str(config.batch_size), "--seed", str(seed),
+        "--dataset", "synthetic-uu", "--output", str(prefix), "--overwrite"])
     split.run_perturb(perturb, args)
     return publish.report_files(str(prefix)[:-len(".avro")])
+
+
+def _configured(add_arguments, config_type, argv) -> tuple:
+    """``(config, the Beam arguments)`` of a command's flags: the command's own
+    parser (this module is under the CLI, so it cannot ask the CLI)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_arguments(parser)
+    args, rest = parser.parse_known_args(argv)
+    return config_type.from_args(args), rest
 
 
 def _destination(config: StreamBenchConfig, tag: str):
@@ -124,11 +134,10 @@ def run(config: StreamBenchConfig, beam_args) -> dict:
     publish.publish_report_files(backlog, sink, [event_ms] * len(backlog))
     n_backlog = config.users
     panes = Path(config.out) / f"panes-{tag}"
-    argv = ["stream", "--mechanism", config.mechanism, "--epsilon", str(config.epsilon), "--keys", str(config.keys),
+    argv = ["--mechanism", config.mechanism, "--epsilon", str(config.epsilon), "--keys", str(config.keys),
             *source_args, "--window", f"{BENCH_WINDOW_S}s", "--early-every", f"{config.early_every:g}s",
             "--output-dir", str(panes), "--dead-letter-dir", str(panes / "dead")]
-    from kvldp.pipelines import cli
-    _, stream_config, stream_args = cli.configure(argv + list(beam_args))
+    stream_config, stream_args = _configured(stream.add_arguments, stream.StreamConfig, argv + list(beam_args))
     submitted = time.time()
     started = stream.start(stream_config, stream_args)
     watch = PaneWatch(panes)
@@ -145,14 +154,14 @@ def run(config: StreamBenchConfig, beam_args) -> dict:
                 accepted_all = now
             if watch.poll() >= n_backlog:
                 pane_all = watch.first_holding(n_backlog)
-            time.sleep(0.05)
+            time.sleep(POLL_S)
         sent_at: list[float] = []
         publish.publish_report_files(later, sink, [event_ms] * len(later), rate=config.rate,
                                      on_publish=lambda i, _: sent_at.append(time.time()))
         total = n_backlog + len(later) * config.batch_size
         deadline = time.time() + 600
         while watch.poll() < total and time.time() < deadline:
-            time.sleep(0.05)
+            time.sleep(POLL_S)
     finally:
         started.stop()
     latencies = []
@@ -160,8 +169,9 @@ def run(config: StreamBenchConfig, beam_args) -> dict:
         shown = watch.first_holding(n_backlog + (i + 1) * config.batch_size)
         if shown is not None:
             latencies.append(max(0.0, shown - at))
-    return report(config, beam_args, first_read - submitted, n_backlog / (accepted_all - first_read),
-                  n_backlog / (pane_all - first_read), latencies, len(sent_at))
+    # the counters are read every POLL_S: a backlog drained within one poll is timed as one poll
+    return report(config, beam_args, first_read - submitted, n_backlog / max(POLL_S, accepted_all - first_read),
+                  n_backlog / max(POLL_S, pane_all - first_read), latencies, len(sent_at))
 
 
 def _runner_name(beam_args) -> tuple[str, int]:
@@ -180,7 +190,8 @@ def _runner_name(beam_args) -> tuple[str, int]:
 def report(config: StreamBenchConfig, beam_args, startup, accepted_rate, pane_rate, latencies, sent) -> dict:
     runner, parallelism = _runner_name(beam_args)
     cores = min(parallelism, os.cpu_count() or 1)
-    quantiles = statistics.quantiles(latencies, n=20) if len(latencies) >= 2 else latencies * 19
+    quantiles = (statistics.quantiles(latencies, n=20, method="inclusive") if len(latencies) >= 2
+                 else latencies * 19)
     row = {"runner": runner, "source": config.source, "parallelism": parallelism, "cores": cores,
            "mechanism": config.mechanism, "keys": config.keys, "batch_size": config.batch_size,
            "users": config.users, "startup_s": round(startup, 1), "accepted_per_s": round(accepted_rate),
