@@ -468,7 +468,8 @@ def test_bench_stream_measures_throughput_and_latency(pubsub, tmp_path, capsys):
                      "--stream-rate", "2", "--stream-seconds", "3", "--keys", str(D)]) == 0
     out = capsys.readouterr().out
     assert "kvldp stream on DirectRunner (parallelism 1, pubsub)" in out
-    [row] = list(csv.DictReader(open(tmp_path / "stream_bench.csv")))
+    with open(tmp_path / "stream_bench.csv") as fh:
+        [row] = list(csv.DictReader(fh))
     assert row["users"] == "5000" and row["batch_size"] == "500" and row["latency_batches"] == "6/6"
     assert 0 < float(row["pane_per_s"]) <= float(row["accepted_per_s"])      # accepted before it is in a pane
     assert 0 <= float(row["latency_p50_s"]) <= float(row["latency_p95_s"]) <= float(row["latency_max_s"]) < 60
