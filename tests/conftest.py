@@ -26,7 +26,8 @@ def pytest_configure(config):
 # ends (in the controller under pytest-xdist), and any new one fails the run.
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NOT_OURS = {".git", "__pycache__", ".pytest_cache", ".ruff_cache", "build", "dist"}
-_NOT_OURS_PREFIXES = (".venv", ".airflow-venv", os.path.join("deploy", "flink", ".cache"))
+_NOT_OURS_PREFIXES = (".venv", ".airflow-venv", os.path.join("deploy", "flink", ".cache"),
+                      os.path.join("deploy", "kafka", ".cache"))   # the caches of flink.sh and kafka.sh
 
 
 def _checkout_files() -> set[str]:
