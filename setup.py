@@ -25,9 +25,9 @@ setup(
         "backports.zstd>=1.0; python_version < '3.14'",
         # columnar text IO: ratings CSV blocks, estimate files read back as columns (Beam depends on it too)
         "pyarrow>=14",
-        # the clients' noise: AES-CTR / ChaCha20 bit generators for numpy (mechanisms/randomness.py)
+        # the clients' noise: AES-CTR / ChaCha20 bit generators for numpy (mechanisms/privacy/randomness.py)
         "randomgen>=2.1",
-        # memoised reports: AES-ECB over every device's blocks at once (mechanisms/memo.py)
+        # memoised reports: AES-ECB over every device's blocks at once (mechanisms/privacy/memo.py)
         "cryptography>=41",
         "google-cloud-storage>=2.10",
         "matplotlib>=3.7",

@@ -19,10 +19,11 @@ import numpy as np
 
 from kvldp.datasets import SyntheticDataset
 from kvldp.datasets.files import load_clothing
-from kvldp.mechanisms import metrics, registry
-from kvldp.mechanisms.countmodel import binomial_loglik, mixture
+from kvldp.mechanisms import registry
+from kvldp.mechanisms.estimation import metrics
+from kvldp.mechanisms.estimation.countmodel import binomial_loglik, mixture
 from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.postprocess import postprocess_all
+from kvldp.mechanisms.estimation.postprocess import postprocess_all
 from kvldp.mechanisms.sizing import batch_size_for
 
 MECHANISMS = ("pckv-ue", "pckv-grr", "ks-ue", "kvue", "privkv")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from kvldp.pipelines import portable
+from kvldp.runtime import portable
 from ports import free_port
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"

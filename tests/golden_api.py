@@ -6,7 +6,7 @@ import types
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.protocol import Collection
-from kvldp.mechanisms.randomness import batch_rng
+from kvldp.mechanisms.privacy.randomness import batch_rng
 
 
 def _run(mech, data, seed, batch_size):

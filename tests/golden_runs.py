@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from kvldp.mechanisms.randomness import SimulationSeed
+from kvldp.mechanisms.privacy.randomness import SimulationSeed
 
 ROOT = pathlib.Path(__file__).resolve().parent
 GOLDEN = ROOT / "golden" / "fingerprints.json"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import apache_beam as beam
 
-from kvldp.mechanisms.pckv import PCKVUE
-from kvldp.mechanisms.privkvm import PrivKVMPlus
+from kvldp.mechanisms.kv.pckv import PCKVUE
+from kvldp.mechanisms.kv.privkvm import PrivKVMPlus
 from kvldp.pipelines import sources
 from kvldp.pipelines.graphs import simulate_graph
 from kvldp.transforms.io import ReadReports, WriteEstimates

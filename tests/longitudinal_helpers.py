@@ -9,9 +9,9 @@ import numpy as np
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import UserBatch
+from kvldp.mechanisms.kv.longitudinal import longitudinal
 from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.longitudinal import longitudinal
-from kvldp.mechanisms.memo import DeviceKeys
+from kvldp.mechanisms.privacy.memo import DeviceKeys
 
 
 def same_state_devices(pairs, n: int, first_id: int = 0, batch_id: int = 0) -> UserBatch:

@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from kvldp.mechanisms.base import ReportBatch
-from kvldp.mechanisms.randomness import batch_rng
+from kvldp.mechanisms.privacy.randomness import batch_rng
 from user_batches import users_from_states
 
 # Fixed users with deterministic states (values +-1), d = 2 so each key has

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from kvldp.pipelines import cli
-from kvldp.pipelines.report import read_estimates
+from kvldp.cli import commands as cli
+from kvldp.plots.tables import read_estimates
 
 pytestmark = pytest.mark.airflow
 

@@ -1,7 +1,7 @@
 """``kvldp bench`` runs every kind of mechanism and both paths agree bit for bit."""
 import pytest
 
-from kvldp.pipelines import cli
+from kvldp.cli import commands as cli
 
 
 @pytest.mark.parametrize("mechanism", [["pckv-grr"], ["ks-adap"], ["privkvm-plus"],
@@ -50,7 +50,7 @@ def test_estimates_come_back_in_the_runner_order():
     an estimate is an error, not a silent NaN."""
     import numpy as np
 
-    from kvldp.pipelines.bench import in_key_order
+    from kvldp.bench.command import in_key_order
 
     keys, values = np.array([7, 2, 5, 0]), np.array([0.7, 0.2, 0.5, 0.0])
     assert in_key_order(keys, values, [0, 2, 5, 7]).tolist() == [0.0, 0.2, 0.5, 0.7]
@@ -68,7 +68,7 @@ def test_a_sweep_point_is_its_fastest_run_with_the_largest_peak(monkeypatch, tmp
     its memory the largest any run peaked at, and a failure is reported."""
     import numpy as np
 
-    from kvldp.pipelines import bench_sweep
+    from kvldp.bench import sweep as bench_sweep
 
     runs = iter([(2.0, 300), (1.0, 200), (1.5, 400)])
 

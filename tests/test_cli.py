@@ -8,12 +8,12 @@ import pytest
 
 from dead_letters import dead_letter
 from kvldp import schemas
+from kvldp.cli import commands as cli
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms import registry
+from kvldp.mechanisms.estimation.postprocess import DEFAULT, postprocess
 from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.postprocess import DEFAULT, postprocess
-from kvldp.pipelines import cli
-from kvldp.pipelines.report import read_estimates
+from kvldp.plots.tables import read_estimates
 
 
 def _by_key(records):

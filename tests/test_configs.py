@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvldp.cli import commands as cli
+from kvldp.cli.mechanism_args import MechanismConfig
+from kvldp.mechanisms.estimation.postprocess import postprocess
 from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.postprocess import postprocess
-from kvldp.pipelines import cli, evaluate, simulate, sources, split
-from kvldp.pipelines.mechanism_args import MechanismConfig
+from kvldp.pipelines import evaluate, simulate, sources, split
 from kvldp.pipelines.simulate import SimulateConfig
 from kvldp.pipelines.sources import DataConfig
 

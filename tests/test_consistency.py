@@ -1,4 +1,4 @@
-"""Wang et al.'s consistency methods (``kvldp.mechanisms.consistency``), each
+"""Wang et al.'s consistency methods (``kvldp.mechanisms.estimation.consistency``), each
 checked against its defining property: Norm-Sub is non-negative, sums to the
 target and moves every kept estimate by one common shift; the projection is
 the closest consistent point in the (weighted) L2 norm, checked against a
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from kvldp.mechanisms.consistency import BASE_CUT_ALPHA, base_cut, base_cut_threshold, norm_sub, project
+from kvldp.mechanisms.estimation.consistency import BASE_CUT_ALPHA, base_cut, base_cut_threshold, norm_sub, project
 from tolerances import Z_FEW, binomial_sigma
 
 

@@ -1,5 +1,5 @@
 """The count models the mechanisms attach to their estimates
-(``kvldp.mechanisms.countmodel``): they reproduce the paper's estimates and
+(``kvldp.mechanisms.estimation.countmodel``): they reproduce the paper's estimates and
 standard errors, the real reports follow them, and their factorisation and
 parametric bootstrap are what they claim."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms import registry
-from kvldp.mechanisms.countmodel import binomial_loglik, binomial_loglik_rows
+from kvldp.mechanisms.estimation.countmodel import binomial_loglik, binomial_loglik_rows
 from kvldp.mechanisms.local import run_local
 from tolerances import Z_FEW, Z, mean_square_se
 

@@ -108,7 +108,7 @@ def test_the_light_pre_pass_finds_the_dictionary_and_set_sizes_of_the_main_job(t
     import apache_beam as beam
     from apache_beam.testing.test_pipeline import TestPipeline
 
-    from kvldp.mechanisms.padding import size_histogram
+    from kvldp.mechanisms.frequency.padding import size_histogram
     from kvldp.transforms.ratings import ReadRatings, ScanRatings
 
     rng = np.random.default_rng(4)

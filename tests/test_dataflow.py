@@ -13,7 +13,9 @@ from pathlib import Path
 import apache_beam as beam
 import pytest
 
-from kvldp.pipelines import cli, split, template
+from kvldp.cli import commands as cli
+from kvldp.cli import template
+from kvldp.pipelines import split
 from kvldp.runtime import beam_flags
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,13 +21,13 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+from kvldp.cli import commands as cli
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import UserBatch
 from kvldp.mechanisms.local import run_local
-from kvldp.pipelines import cli
 from kvldp.pipelines.query import load_counts
-from kvldp.pipelines.report import read_estimates
+from kvldp.plots.tables import read_estimates
 from kvldp.transforms.rounds import RunProtocol
 
 DRAWS = 4000

@@ -1,4 +1,4 @@
-"""Empirical Bayes building blocks (``kvldp.mechanisms.empirical_bayes``),
+"""Empirical Bayes building blocks (``kvldp.mechanisms.estimation.empirical_bayes``),
 each against its defining property: Bayes' rule on a grid, the penalised
 maximum likelihood prior (its first-order condition, and recovering a known
 prior), the gamma carrier's moments, James–Stein / Morris shrinkage (the
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvldp.mechanisms import empirical_bayes as eb
+from kvldp.mechanisms.estimation import empirical_bayes as eb
 from tolerances import Z_FEW
 
 

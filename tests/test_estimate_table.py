@@ -21,7 +21,7 @@ from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.local import run_local
 from kvldp.pipelines.graphs import to_records, to_table
-from kvldp.pipelines.report import read_estimates
+from kvldp.plots.tables import read_estimates
 from kvldp.schemas.estimate_table import EstimateTable, slice_estimates
 from kvldp.schemas.records import estimate_records
 from kvldp.transforms.io import WriteEstimates, write_estimate_table
@@ -181,7 +181,7 @@ def test_columns_make_the_records_and_lines_of_the_key_by_key_path(postprocessed
     time, equal the old per-key records and ``json.dumps``/``csv`` of them,
     byte for byte: NaN, inf and absent columns as null, names to quote or
     escape, the run's scalars, the truth and the rating scale."""
-    from kvldp.mechanisms.postprocess import postprocess
+    from kvldp.mechanisms.estimation.postprocess import postprocess
     from kvldp.schemas.records import estimate_lines
 
     _, res = _run(d=9, name="privkv")

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from kvldp.pipelines import cli
+from kvldp.cli import commands as cli
+from kvldp.cli.presets import PRESETS
 from kvldp.pipelines.advise import advise, pckv_prefers_ue
-from kvldp.pipelines.figures import DPI, FIGSIZE
-from kvldp.pipelines.presets import PRESETS
+from kvldp.plots.figures import DPI, FIGSIZE
 
 SWEEP = ["evaluate", "--mechanisms", "pckv-ue,privkvm", "--epsilons", "1,4", "--repeats", "2",
          "--users", "20000", "--keys", "20", "--top-sets", "5", "--parallel", "1", "--seed", "3"]
@@ -132,7 +132,7 @@ def test_advise_cli_prints_expected_errors(capsys):
 def test_a_mixed_sweep_gives_ioh_flags_to_ioh_cells_only(tmp_path):
     """--ioh-top in a sweep of IOH and non-IOH mechanisms: each cell takes the
     options it declares (before: the non-IOH cells refused --ioh-top)."""
-    from kvldp.pipelines import cli
+    from kvldp.cli import commands as cli
 
     assert cli.main(["evaluate", "--mechanisms", "pckv-ue,ioh-oue", "--epsilons", "2", "--repeats", "1",
                      "--users", "3000", "--keys", "6", "--ioh-top", "2", "--engine", "numpy",

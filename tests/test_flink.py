@@ -20,8 +20,9 @@ import fastavro
 import pytest
 
 from flink_cluster import flink_built, job_server, standalone_cluster  # noqa: F401 - fixtures
-from kvldp.pipelines import cli, portable
-from kvldp.pipelines.report import read_estimates
+from kvldp.cli import commands as cli
+from kvldp.plots.tables import read_estimates
+from kvldp.runtime import portable
 
 pytestmark = pytest.mark.flink
 

@@ -37,8 +37,8 @@ from apache_beam.io.filesystems import FileSystems
 from gcp_storage_emulator.server import create_server
 from google.cloud import storage
 
-from kvldp.pipelines import cli
-from kvldp.pipelines.report import read_estimates
+from kvldp.cli import commands as cli
+from kvldp.plots.tables import read_estimates
 
 BUCKET = "bucket"
 ITEMS = [f"m{k}" for k in range(5)]

@@ -11,8 +11,8 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
 
-from kvldp.mechanisms.pckv import PCKVGRR
-from kvldp.mechanisms.privkvm import PrivKVMPlus
+from kvldp.mechanisms.kv.pckv import PCKVGRR
+from kvldp.mechanisms.kv.privkvm import PrivKVMPlus
 from kvldp.pipelines import sources
 from kvldp.pipelines.graphs import simulate_graph
 from kvldp.transforms.accumulate import ArraySumCombineFn

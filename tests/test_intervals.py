@@ -1,4 +1,4 @@
-"""The likelihood-ratio intervals of ``kvldp.mechanisms.intervals``: the
+"""The likelihood-ratio intervals of ``kvldp.mechanisms.estimation.intervals``: the
 Feldman–Cousins cut, and coverage for every key -- at the boundary ``f = 0``
 as well as far from it -- under a parametric bootstrap from the count
 model (fresh counts at known truths, the intervals recomputed on each)."""
@@ -12,7 +12,7 @@ from scipy.stats import chi2
 
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms import registry
-from kvldp.mechanisms.intervals import (
+from kvldp.mechanisms.estimation.intervals import (
     _fc_coverage,
     feldman_cousins_cut,
     frequency_intervals,
@@ -85,7 +85,7 @@ def test_raw_estimates_wald_intervals_do_not_import_scipy_special():
     import sys
 
     code = ("import sys, numpy as np\n"
-            "from kvldp.mechanisms.intervals import wald_intervals\n"
+            "from kvldp.mechanisms.estimation.intervals import wald_intervals\n"
             "lo, hi = wald_intervals(np.array([0.5]), np.array([0.1]), 0.0, 1.0)\n"
             "assert 0.30 < lo[0] < 0.31 and 'scipy.special' not in sys.modules, sorted(sys.modules)\n")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -12,10 +12,10 @@ import pytest
 
 from ioh_helpers import all_queries, ue_params
 from kvldp.mechanisms.base import UserBatch
-from kvldp.mechanisms.cells import index_states
-from kvldp.mechanisms.ioh import IOH, PackedReportBatch, calibrate_cells, cell_variance
-from kvldp.mechanisms.query import HELD, NOT_HELD, CellTable
-from kvldp.mechanisms.randomness import batch_rng
+from kvldp.mechanisms.kv.cells import index_states
+from kvldp.mechanisms.kv.ioh import IOH, PackedReportBatch, calibrate_cells, cell_variance
+from kvldp.mechanisms.kv.query import HELD, NOT_HELD, CellTable
+from kvldp.mechanisms.privacy.randomness import batch_rng
 from tolerances import Z, mean_square_se
 from user_batches import users_from_states
 

@@ -12,9 +12,9 @@ import pytest
 
 from ioh_helpers import all_queries
 from kvldp.datasets import SyntheticDataset
-from kvldp.mechanisms.ioh import IOH
-from kvldp.mechanisms.query import HELD, NOT_HELD, CellTable, pattern_truth, true_conditional
-from kvldp.mechanisms.randomness import batch_rng
+from kvldp.mechanisms.kv.ioh import IOH
+from kvldp.mechanisms.kv.query import HELD, NOT_HELD, CellTable, pattern_truth, true_conditional
+from kvldp.mechanisms.privacy.randomness import batch_rng
 from tolerances import Z
 
 # =====================================================================

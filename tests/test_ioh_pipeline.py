@@ -8,13 +8,14 @@ import fastavro
 import numpy as np
 import pytest
 
+from kvldp.cli import commands as cli
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms import registry
+from kvldp.mechanisms.kv.query import CellTable
 from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.query import CellTable
-from kvldp.pipelines import cli, sources
+from kvldp.pipelines import sources
 from kvldp.pipelines.query import load_counts
-from kvldp.pipelines.report import read_estimates
+from kvldp.plots.tables import read_estimates
 
 SIM = ["--mechanism", "ioh-oue", "--epsilon", "3", "--dataset", "synthetic-corr", "--users", "40000",
        "--keys", "6", "--seed", "2", "--batch-size", "10000", "--ioh-keys", "1,3,4"]

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from ioh_helpers import ue_params
-from kvldp.mechanisms import randomness
 from kvldp.mechanisms.base import ReportBatch, UserBatch
-from kvldp.mechanisms.ioh import IOH, MAX_IOH_KEYS, PackedReportBatch, bit_sums, pack_positions, packed_width
+from kvldp.mechanisms.kv.ioh import IOH, MAX_IOH_KEYS, PackedReportBatch, bit_sums, pack_positions, packed_width
+from kvldp.mechanisms.privacy import randomness
 from kvldp.mechanisms.registry import make
 
 

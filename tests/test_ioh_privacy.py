@@ -12,9 +12,9 @@ import pytest
 
 from ioh_helpers import ue_params
 from kvldp.mechanisms.base import ReportBatch, UserBatch
-from kvldp.mechanisms.cells import state_index
-from kvldp.mechanisms.ioh import IOH, PackedReportBatch
-from kvldp.mechanisms.randomness import batch_rng
+from kvldp.mechanisms.kv.cells import state_index
+from kvldp.mechanisms.kv.ioh import IOH, PackedReportBatch
+from kvldp.mechanisms.privacy.randomness import batch_rng
 from tolerances import Z, binomial_sigma, binomial_z
 from user_batches import users_from_pairs
 

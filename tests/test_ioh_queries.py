@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from kvldp.mechanisms.cells import index_states, state_index
-from kvldp.mechanisms.ioh import IOH
-from kvldp.mechanisms.query import (
+from kvldp.mechanisms.kv.cells import index_states, state_index
+from kvldp.mechanisms.kv.ioh import IOH
+from kvldp.mechanisms.kv.query import (
     HELD,
     NOT_HELD,
     CellTable,

@@ -24,8 +24,10 @@ from pathlib import Path
 import pytest
 
 from flink_cluster import ENV, cluster, flink_built, job_server, kafka_broker, rest, standalone_cluster  # noqa: F401
-from kvldp.pipelines import cli, kafka_admin, publish
-from kvldp.pipelines.report import read_estimates
+from kvldp.brokers import kafka as kafka_admin
+from kvldp.cli import commands as cli
+from kvldp.pipelines import publish
+from kvldp.plots.tables import read_estimates
 from kvldp.schemas import envelope
 from pubsub_emulator import emulator_host, pubsub  # noqa: F401 - fixtures
 from test_streaming import (

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from kvldp.mechanisms.metrics import mse, ncr, top_keys, top_t_intersection
+from kvldp.mechanisms.estimation.metrics import mse, ncr, top_keys, top_t_intersection
 
 
 # =====================================================================

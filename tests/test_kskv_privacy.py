@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from kskv_helpers import formula7, ks_ue_p_a
-from kvldp.mechanisms.kskv import KSGRR, KSUE, KSAdap, grr_p, grr_pairs, grr_q, sample_one_pair
+from kvldp.mechanisms.kv.kskv import KSGRR, KSUE, KSAdap, grr_p, grr_pairs, grr_q, sample_one_pair
+from kvldp.mechanisms.privacy.randomness import batch_rng
 from kvldp.mechanisms.protocol import ProtocolState
-from kvldp.mechanisms.randomness import batch_rng
 from ldp_audit import all_users
 from tolerances import Z, assert_counts_match, binomial_sigma
 from user_batches import identical_users

@@ -8,8 +8,8 @@ import pytest
 
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import UserBatch
-from kvldp.mechanisms.budget import BudgetLedger
-from kvldp.mechanisms.kskv import KSGRR, KSUE, KSAdap
+from kvldp.mechanisms.kv.kskv import KSGRR, KSUE, KSAdap
+from kvldp.mechanisms.privacy.budget import BudgetLedger
 from kvldp.mechanisms.protocol import Collection, assign_groups
 from tolerances import Z_FEW, binomial_sigma
 

@@ -12,9 +12,9 @@ import pytest
 
 from kskv_helpers import formula7, group_sizes, ks_ue_p_a, olh_written_out
 from kvldp.datasets import SyntheticDataset
-from kvldp.mechanisms.kskv import KSGRR, KSUE
+from kvldp.mechanisms.estimation.truth import truth_from_counts
+from kvldp.mechanisms.kv.kskv import KSGRR, KSUE
 from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.truth import truth_from_counts
 from tolerances import Z_FEW, Z, mean_square_se, z_known_variance, z_scores
 
 

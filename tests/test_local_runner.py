@@ -15,8 +15,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
 
-from kvldp.pipelines import runner
 from kvldp.runtime import bundle_setup, local_runner, pickles, tweaks
+from kvldp.runtime import jobs as runner
 from kvldp.runtime.options import JobOptions
 
 _SETUPS: dict[str, set[int]] = {}

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from example_data import example_ratings
-from kvldp.mechanisms.longitudinal import Longitudinal
-from kvldp.pipelines import cli, run_seed
+from kvldp.cli import commands as cli
+from kvldp.mechanisms.kv.longitudinal import Longitudinal
+from kvldp.pipelines import run_seed
 
 RATINGS = example_ratings()
 LONGITUDINAL = ["--longitudinal", "--eps-inf", "2", "--eps-1", "0.5"]

@@ -21,8 +21,9 @@ import math
 import numpy as np
 import pytest
 
-from kvldp.mechanisms import layers, registry
-from kvldp.mechanisms.longitudinal import longitudinal
+from kvldp.mechanisms import registry
+from kvldp.mechanisms.kv import layers
+from kvldp.mechanisms.kv.longitudinal import longitudinal
 from ldp_audit import all_users
 
 # (mechanism, d, options): domains small enough to enumerate 4 reports

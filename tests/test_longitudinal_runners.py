@@ -11,10 +11,10 @@ from apache_beam.testing.util import BeamAssertException, assert_that
 
 from kvldp.datasets import InMemoryDataset, SyntheticDataset
 from kvldp.mechanisms import registry
+from kvldp.mechanisms.kv.longitudinal import longitudinal
 from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.longitudinal import longitudinal
-from kvldp.mechanisms.memo import DeviceKeys
-from kvldp.mechanisms.randomness import batch_rng
+from kvldp.mechanisms.privacy.memo import DeviceKeys
+from kvldp.mechanisms.privacy.randomness import batch_rng
 from kvldp.transforms.accumulate import Accumulate
 from kvldp.transforms.perturb import Perturb
 

@@ -1,4 +1,4 @@
-"""The longitudinal mode's draws and estimators (kvldp/mechanisms/longitudinal.py).
+"""The longitudinal mode's draws and estimators (kvldp/mechanisms/kv/longitudinal.py).
 
 * Devices holding one state draw reports distributed exactly as
   ``output_probabilities`` says (chi-square over devices), independently of
@@ -20,9 +20,9 @@ from scipy import stats
 from kvldp.datasets import InMemoryDataset, SyntheticDataset
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import ReportBatch
-from kvldp.mechanisms.longitudinal import longitudinal
-from kvldp.mechanisms.memo import DeviceKeys
-from kvldp.mechanisms.randomness import batch_rng
+from kvldp.mechanisms.kv.longitudinal import longitudinal
+from kvldp.mechanisms.privacy.memo import DeviceKeys
+from kvldp.mechanisms.privacy.randomness import batch_rng
 from longitudinal_helpers import report_index, same_state_devices, variance_sweep
 
 SMALL = [("pckv-grr", 3, {"padding": 2}), ("pckv-ue", 2, {"padding": 1}), ("ks-ue", 2, {"padding": 2}),

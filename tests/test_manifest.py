@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from kvldp.pipelines import cli
+from kvldp.cli import commands as cli
 
 MECH = ["--mechanism", "pckv-grr", "--epsilon", "2"]
 

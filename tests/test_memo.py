@@ -1,4 +1,4 @@
-"""Memoisation's PRF (kvldp/mechanisms/memo.py): the documented derivation,
+"""Memoisation's PRF (kvldp/mechanisms/privacy/memo.py): the documented derivation,
 computed one user at a time with an independent AES and BLAKE2b, equals the
 vectorised one; it depends on exactly (device, state, configuration)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from scipy import stats
 
 from kvldp.mechanisms.base import UserBatch
-from kvldp.mechanisms.memo import DeviceKeys, config_digest, master_from_seed, user_uid
+from kvldp.mechanisms.privacy.memo import DeviceKeys, config_digest, master_from_seed, user_uid
 
 SEED, CFG = 20261124, config_digest({"mechanism": "pckv-ue", "d": 5, "epsilon": 2.0, "padding": 1})
 

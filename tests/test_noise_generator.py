@@ -1,4 +1,4 @@
-"""The clients' noise generator (mechanisms/randomness.py): AES-128-CTR (or
+"""The clients' noise generator (mechanisms/privacy/randomness.py): AES-128-CTR (or
 ChaCha20) keyed per batch by BLAKE2b from the run seed; PCG64DXSM only for a
 ``SimulationSeed`` and for the streams that are not noise."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import struct
 import numpy as np
 import pytest
 
-from kvldp.mechanisms.randomness import (
+from kvldp.mechanisms.privacy.randomness import (
     KDF_PERSON,
     STREAM_DATA,
     STREAM_GROUP,

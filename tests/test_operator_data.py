@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from kvldp.pipelines import cli
+from kvldp.cli import commands as cli
 
 MECH = ["--mechanism", "pckv-grr", "--epsilon", "2"]
 
@@ -230,7 +230,7 @@ def test_9_ioh_names_its_chosen_keys_as_its_table_does(tmp_path, capsys):
 def test_9_the_padding_warning_is_printed_once_per_process(capsys):
     import numpy as np
 
-    from kvldp.mechanisms.padding import check_padding
+    from kvldp.mechanisms.frequency.padding import check_padding
     from kvldp.pipelines.padding import warn_truncation
     check = check_padding(np.array([0, 10, 10, 50]), 1, 0.9)
     for _ in range(5):

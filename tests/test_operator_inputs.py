@@ -10,7 +10,7 @@ import re
 import pytest
 
 from dead_letters import dead_letter
-from kvldp.pipelines import cli
+from kvldp.cli import commands as cli
 
 MECH = ["--mechanism", "pckv-grr", "--epsilon", "2"]
 
@@ -143,7 +143,7 @@ def test_jobs_leave_no_temporary_files_and_default_outputs_land_in_the_working_d
 
 
 def test_a_worker_error_names_its_element_once():
-    from kvldp.pipelines.failures import one_line
+    from kvldp.cli.failures import one_line
     from kvldp.transforms.context import ElementError, element_context
 
     with pytest.raises(ElementError) as caught, element_context("user batch 7 (10 users), round 1"):

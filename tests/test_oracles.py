@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from kvldp.mechanisms import oracles
-from kvldp.mechanisms.oracles import _HASH_PRIME, GRR, OLH, OUE, SUE
-from kvldp.mechanisms.randomness import batch_rng
+from kvldp.mechanisms.frequency import oracles
+from kvldp.mechanisms.frequency.oracles import _HASH_PRIME, GRR, OLH, OUE, SUE
+from kvldp.mechanisms.privacy.randomness import batch_rng
 from tolerances import Z, binomial_sigma, binomial_z
 
 ORACLES = {"GRR": GRR, "SUE": SUE, "OUE": OUE, "OLH": OLH}

@@ -7,9 +7,9 @@ import csv
 import numpy as np
 import pytest
 
+from kvldp.cli import commands as cli
 from kvldp.datasets import SyntheticDataset
-from kvldp.mechanisms.ledger import Policy, PrivacyLedger, SimulatedLedger
-from kvldp.pipelines import cli
+from kvldp.mechanisms.privacy.ledger import Policy, PrivacyLedger, SimulatedLedger
 from kvldp.pipelines.over_time import Churn, materialise
 
 

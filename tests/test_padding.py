@@ -1,4 +1,4 @@
-"""The padding length of padding-and-sampling (``mechanisms/padding.py``,
+"""The padding length of padding-and-sampling (``mechanisms/frequency/padding.py``,
 ``pipelines/padding.py``): set-size histograms, the truncation they imply,
 KSKV §4.3's coverage rule for ``l``, ``kvldp advise`` choosing ``l``, and the
 ingest jobs' ``--padding auto`` and truncation warning.
@@ -18,11 +18,13 @@ import re
 import numpy as np
 import pytest
 
+from kvldp.cli import commands as cli
+from kvldp.cli import mechanism_args
+from kvldp.cli.mechanism_args import MechanismConfig
 from kvldp.datasets import InMemoryDataset
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import UserBatch
-from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.padding import (
+from kvldp.mechanisms.frequency.padding import (
     MAX_PADDING,
     check_padding,
     choose_padding,
@@ -34,11 +36,10 @@ from kvldp.mechanisms.padding import (
     truncated_fraction,
     truncated_users,
 )
+from kvldp.mechanisms.local import run_local
 from kvldp.pipelines import advise as advise_mod
-from kvldp.pipelines import cli, mechanism_args
-from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.padding import padding_from_reports, parse_set_sizes, resolve_padding
-from kvldp.pipelines.report import read_estimates
+from kvldp.plots.tables import read_estimates
 from kvldp.transforms.io import report_config
 from tolerances import Z_FEW
 

@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvldp.cli import commands as cli
+from kvldp.cli import flags, template
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import ReportBatch, with_statuses
 from kvldp.mechanisms.params import Options, flag_name, option
 from kvldp.mechanisms.protocol import Mechanism
-from kvldp.pipelines import cli, flags, template
 from ldp_audit import all_users, log_worst_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,7 +118,7 @@ def test_beam_flags_still_pass_through():
 def test_committed_template_metadata_is_generated_from_the_flags(command, expected):
     name = template.TEMPLATES[command][0]
     committed = json.loads((ROOT / "deploy" / "dataflow" / name).read_text())
-    regenerate = f"python -m kvldp.pipelines.template {command} > deploy/dataflow/{name}"
+    regenerate = f"python -m kvldp.cli.template {command} > deploy/dataflow/{name}"
     assert committed == template.metadata(command), regenerate
     assert expected <= {p["name"] for p in committed["parameters"]}
 
@@ -151,7 +152,7 @@ class ToyKV(Mechanism):
         self.p1, self.p2 = e1 / (e1 + 1), e2 / (e2 + 1)
 
     def budget_shares(self):
-        from kvldp.mechanisms.budget import Share
+        from kvldp.mechanisms.privacy.budget import Share
         key = self.epsilon * self.flip_share
         return [Share(0, "key", key), Share(0, "value", self.epsilon - key)]
 
@@ -159,7 +160,7 @@ class ToyKV(Mechanism):
         return {**super().config(), "flip_share": self.flip_share}
 
     def perturb(self, users, rng):
-        from kvldp.mechanisms.sampling import discretise, uniform_key_sampling
+        from kvldp.mechanisms.frequency.sampling import discretise, uniform_key_sampling
         n = users.n_users
         j, held, values = uniform_key_sampling(users, self.d, rng)
         bit = np.where(rng.random(n) < self.p1, held, ~held)

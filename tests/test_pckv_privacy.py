@@ -21,8 +21,8 @@ only meaningful if it describes the distribution the client really draws.
 import numpy as np
 import pytest
 
-from kvldp.mechanisms.pckv import PCKVGRR, PCKVUE, PCKVParams
-from kvldp.mechanisms.randomness import batch_rng
+from kvldp.mechanisms.kv.pckv import PCKVGRR, PCKVUE, PCKVParams
+from kvldp.mechanisms.privacy.randomness import batch_rng
 from ldp_audit import all_users, check_vertex_argument, log_worst_ratio
 from tolerances import assert_counts_match
 from user_batches import identical_users

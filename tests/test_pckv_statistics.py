@@ -21,9 +21,9 @@ import pytest
 from kvldp.datasets import InMemoryDataset, SyntheticDataset
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import ReportBatch, UserBatch
+from kvldp.mechanisms.kv.pckv import CLIP_MATLAB, CLIP_PAPER, PCKVGRR, PCKVUE
 from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.pckv import CLIP_MATLAB, CLIP_PAPER, PCKVGRR, PCKVUE
-from kvldp.mechanisms.randomness import batch_rng
+from kvldp.mechanisms.privacy.randomness import batch_rng
 from tolerances import Z_FEW, Z, z_known_variance
 
 N_USERS, D = 10 ** 6, 100

@@ -1,5 +1,5 @@
 """Runner setups known not to work are refused before a job is built, with
-what to do instead (kvldp/pipelines/portable.py), not a stack trace or a
+what to do instead (kvldp/runtime/portable.py), not a stack trace or a
 hang deep in Beam. The Flink runs themselves are tests/test_flink.py."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import grpc
 import pytest
 from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc
 
-from kvldp.pipelines import cli, portable
+from kvldp.cli import commands as cli
+from kvldp.runtime import portable
 from ports import free_port
 
 SIM = ["simulate", "--mechanism", "pckv-ue", "--epsilon", "2", "--users", "1000", "--keys", "5"]

@@ -1,4 +1,4 @@
-"""Post-processing of the calibrated estimates (``kvldp.mechanisms.postprocess``):
+"""Post-processing of the calibrated estimates (``kvldp.mechanisms.estimation.postprocess``):
 ``raw`` is the paper path bit for bit, every other method keeps the nulls
 and writes intervals that do not depend on it, the consistent methods are
 consistent, empirical Bayes keeps the ranking and lowers the error, and the
@@ -13,12 +13,13 @@ import pytest
 
 from kvldp.datasets import SyntheticDataset
 from kvldp.datasets.base import InMemoryDataset
-from kvldp.mechanisms import metrics, registry
+from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import STATUS_OK, STATUS_UNINFORMATIVE, STATUSES, UserBatch
-from kvldp.mechanisms.intervals import wald_intervals
+from kvldp.mechanisms.estimation import metrics
+from kvldp.mechanisms.estimation.intervals import wald_intervals
+from kvldp.mechanisms.estimation.postprocess import CHOICES, DEFAULT, PostProcess, postprocess, postprocess_all
 from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.postprocess import CHOICES, DEFAULT, PostProcess, postprocess, postprocess_all
-from kvldp.mechanisms.randomness import SimulationSeed
+from kvldp.mechanisms.privacy.randomness import SimulationSeed
 
 OPTIONS = {"ioh-oue": {"ioh_keys": (0, 1, 2)}, "ioh-sue": {"ioh_keys": (0, 3)}, "ks-grr": {"top": 5},
            "ks-adap": {"top": 5}}
@@ -259,7 +260,7 @@ def test_a_large_sparse_domain_is_post_processed_in_bounded_memory():
 def test_keys_with_equal_counts_share_one_posterior_computation(name):
     """``_Fit.distinct`` computes each distinct likelihood once: the output
     equals computing every key on its own (to float rounding)."""
-    from kvldp.mechanisms import postprocess as pp
+    from kvldp.mechanisms.estimation import postprocess as pp
 
     est, _, _ = _estimates(name, d=2_000, n=5_000, eps=1.0, kind="uu")     # sparse: many equal counts
     model = est.count_model
@@ -278,7 +279,7 @@ def test_keys_with_equal_counts_share_one_posterior_computation(name):
 
 
 def test_the_fit_sample_keeps_the_largest_keys_and_stands_for_the_rest():
-    from kvldp.mechanisms.postprocess import fit_sample
+    from kvldp.mechanisms.estimation.postprocess import fit_sample
 
     x = np.random.default_rng(1).normal(size=50_000)
     keys, weights = fit_sample(x, max_keys=5_000, top=500)

@@ -9,8 +9,9 @@ import re
 
 import pytest
 
-from kvldp.pipelines import cli, figures
-from kvldp.pipelines.report import read_estimates
+from kvldp.cli import commands as cli
+from kvldp.plots import figures
+from kvldp.plots.tables import read_estimates
 
 MECH = ["--mechanism", "pckv-grr", "--epsilon", "2"]
 

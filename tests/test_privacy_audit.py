@@ -83,7 +83,7 @@ def test_ioh_output_probabilities_agree_with_the_per_cell_formula():
 def test_ks_final_round_draws_its_output_probabilities(name, round_index, user):
     """200k draws of one user: every (pair, sign) count within 4.5 binomial s.d."""
     from kvldp.mechanisms.base import UserBatch
-    from kvldp.mechanisms.randomness import batch_rng
+    from kvldp.mechanisms.privacy.randomness import batch_rng
 
     mech = registry.make(name, D, EPS, **OPTIONS[name])
     run = run_local(mech, SyntheticDataset("multi", n_users=4_000, d=D, seed=5), seed=11, batch_size=1_000)

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 
 from kvldp.datasets import SyntheticDataset
-from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.privkv import (
+from kvldp.mechanisms.estimation.truth import truth_from_counts
+from kvldp.mechanisms.kv.privkv import (
     PrivKV,
     PrivKVA,
     lpp_split,
     privkv_a_counts,
     privkv_mean,
 )
-from kvldp.mechanisms.randomness import batch_rng
-from kvldp.mechanisms.truth import truth_from_counts
+from kvldp.mechanisms.local import run_local
+from kvldp.mechanisms.privacy.randomness import batch_rng
 from ldp_audit import keep
 from privkv_helpers import tabular_users, theta
 from tolerances import Z, z_scores

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from kvldp.mechanisms.privkv import FAKE_UNIFORM, PrivKV, lpp_output_probabilities, lpp_perturb
-from kvldp.mechanisms.privkvm import PrivKVM, PrivKVMPlus
-from kvldp.mechanisms.randomness import batch_rng
+from kvldp.mechanisms.kv.privkv import FAKE_UNIFORM, PrivKV, lpp_output_probabilities, lpp_perturb
+from kvldp.mechanisms.kv.privkvm import PrivKVM, PrivKVMPlus
+from kvldp.mechanisms.privacy.randomness import batch_rng
 from ldp_audit import all_users, keep, log_worst_ratio
 from tolerances import assert_counts_match
 from user_batches import identical_users

@@ -8,16 +8,16 @@ import pytest
 
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms.base import ReportBatch, UserBatch
-from kvldp.mechanisms.budget import BudgetExceeded, BudgetLedger, Share
-from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.privkv import (
+from kvldp.mechanisms.kv.privkv import (
     PrivKV,
     PrivKVA,
     PrivKVMVirtual,
     lpp_perturb,
 )
-from kvldp.mechanisms.privkvm import PrivKVM, PrivKVMPlus
-from kvldp.mechanisms.randomness import batch_rng
+from kvldp.mechanisms.kv.privkvm import PrivKVM, PrivKVMPlus
+from kvldp.mechanisms.local import run_local
+from kvldp.mechanisms.privacy.budget import BudgetExceeded, BudgetLedger, Share
+from kvldp.mechanisms.privacy.randomness import batch_rng
 from privkv_helpers import tabular_users
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from kvldp.datasets import SyntheticDataset
+from kvldp.mechanisms.kv.privkvm import PrivKVMPlus
 from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.privkvm import PrivKVMPlus
 
 # =====================================================================
 # 1. PrivKVM+: the F >= 0 stopping rule and the budget it spends

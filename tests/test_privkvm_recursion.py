@@ -10,16 +10,16 @@ import pytest
 
 from kvldp.datasets import InMemoryDataset, SyntheticDataset
 from kvldp.mechanisms.base import UserBatch
-from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.privkv import (
+from kvldp.mechanisms.estimation.truth import truth_from_counts
+from kvldp.mechanisms.kv.privkv import (
     PrivKVMVirtual,
     lpp_split,
     privkv_frequency,
     privkv_mean,
     virtual_iterations,
 )
-from kvldp.mechanisms.privkvm import PrivKVM, expected_mean_recursion
-from kvldp.mechanisms.truth import truth_from_counts
+from kvldp.mechanisms.kv.privkvm import PrivKVM, expected_mean_recursion
+from kvldp.mechanisms.local import run_local
 from ldp_audit import keep
 from privkv_helpers import theta
 from tolerances import Z, z_scores

@@ -11,7 +11,8 @@ import json
 import numpy as np
 import pytest
 
-from kvldp.pipelines import cli, sources
+from kvldp.cli import commands as cli
+from kvldp.pipelines import sources
 
 MECH = ["--mechanism", "pckv-grr", "--epsilon", "2"]
 
@@ -192,8 +193,8 @@ def test_stable_ids_are_made_only_for_jobs_that_recognise_devices(tmp_path):
     from apache_beam.testing.util import BeamAssertException, assert_that
 
     from kvldp.mechanisms import registry
-    from kvldp.mechanisms.longitudinal import longitudinal
-    from kvldp.mechanisms.memo import user_uid
+    from kvldp.mechanisms.kv.longitudinal import longitudinal
+    from kvldp.mechanisms.privacy.memo import user_uid
     from kvldp.pipelines import devices
     from kvldp.transforms.ratings import ReadRatings
 

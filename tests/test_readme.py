@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kvldp.pipelines import cli
+from kvldp.cli import commands as cli
 
 ROOT = Path(__file__).resolve().parents[1]
 STREAMING = ("stream", "publish")

@@ -14,8 +14,8 @@ import pytest
 from kvldp import schemas
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms import registry
+from kvldp.mechanisms.privacy.randomness import SimulationSeed, batch_rng
 from kvldp.mechanisms.protocol import Collection
-from kvldp.mechanisms.randomness import SimulationSeed, batch_rng
 from kvldp.schemas import envelope
 
 CONFIG = {"mechanism": "test"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from kvldp.pipelines.report import print_table
+from kvldp.plots.tables import print_table
 
 
 def _record(key, f, lo, hi, m=0.5, m_lo=0.2, m_hi=0.8, status="ok"):

@@ -10,14 +10,16 @@ import pytest
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import BeamAssertException, assert_that
 
+from kvldp.cli import commands as cli
 from kvldp.datasets import SyntheticDataset
 from kvldp.datasets.base import InMemoryDataset
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import UserBatch
 from kvldp.mechanisms.local import run_local
-from kvldp.pipelines import cli, runner, sources
+from kvldp.pipelines import sources
 from kvldp.pipelines.graphs import simulate_graph
-from kvldp.pipelines.report import read_estimates
+from kvldp.plots.tables import read_estimates
+from kvldp.runtime import jobs as runner
 from kvldp.transforms.io import WriteEstimates
 from kvldp.transforms.rounds import RunProtocol
 

@@ -8,7 +8,8 @@ import stat
 import fastavro
 import pytest
 
-from kvldp.pipelines import cli, run_seed
+from kvldp.cli import commands as cli
+from kvldp.pipelines import run_seed
 from kvldp.pipelines.sources import DataConfig
 
 SECRET = "9e3779b97f4a7c15f39cc0605cedc834"

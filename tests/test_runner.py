@@ -17,7 +17,7 @@ import pytest
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-from kvldp.pipelines.runner import make_pipeline
+from kvldp.runtime.jobs import make_pipeline
 
 
 def _direct(pipeline) -> DirectOptions:
@@ -101,7 +101,7 @@ def test_the_command_freezes_its_imports_once_before_any_job():
 
     probe = textwrap.dedent("""
         import gc, sys
-        import kvldp.pipelines.cli, kvldp.runtime.start
+        import kvldp.cli.commands, kvldp.runtime.start
         assert gc.get_freeze_count() == 0              # importing froze nothing
         from kvldp.runtime import process, start
         start.main(["advise", "--epsilon", "2", "--users", "1000", "--keys", "10", *sys.argv[1:]])

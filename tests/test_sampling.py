@@ -13,10 +13,10 @@ import math
 import numpy as np
 import pytest
 
-from kvldp.mechanisms import randomness
 from kvldp.mechanisms.base import UserBatch, one_entry_each
-from kvldp.mechanisms.randomness import STREAM_DATA, STREAM_PERTURB, batch_rng, bernoulli_positions, fresh_seed
-from kvldp.mechanisms.sampling import canonical_pairs, discretise, padding_and_sampling, uniform_key_sampling
+from kvldp.mechanisms.frequency.sampling import canonical_pairs, discretise, padding_and_sampling, uniform_key_sampling
+from kvldp.mechanisms.privacy import randomness
+from kvldp.mechanisms.privacy.randomness import STREAM_DATA, STREAM_PERTURB, batch_rng, bernoulli_positions, fresh_seed
 from tolerances import Z_FEW, Z, binomial_sigma
 
 

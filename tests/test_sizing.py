@@ -11,9 +11,9 @@ import sys
 import numpy as np
 import pytest
 
+from kvldp.cli import commands as cli
 from kvldp.mechanisms import registry, sizing
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
-from kvldp.pipelines import cli
 from kvldp.pipelines.sources import DataConfig
 
 
@@ -85,8 +85,8 @@ def test_a_budget_sized_batch_perturbs_within_the_working_set_the_size_assumes(n
     unary encoding kept five int64 arrays of ~20M set positions at once."""
     import tracemalloc
 
+    from kvldp.mechanisms.privacy.randomness import batch_rng
     from kvldp.mechanisms.protocol import Collection
-    from kvldp.mechanisms.randomness import batch_rng
 
     proto = registry.make(name, d, epsilon, **options)
     batch = sizing.batch_size_for(proto, d)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from kvldp.mechanisms.base import UserBatch
-from kvldp.pipelines import runner
-from kvldp.pipelines.runner import make_pipeline, scratch_scope, spill_directory
+from kvldp.runtime import jobs as runner
+from kvldp.runtime.jobs import make_pipeline, scratch_scope, spill_directory
 from kvldp.transforms import tally
 from kvldp.transforms.ratings import DEAD_LETTER, ReadRatings, ScanRatings
 from kvldp.transforms.spill import SPILLED_BYTES, SPILLED_FILES, SpilledGroupByKey, SpilledValues
@@ -129,7 +129,7 @@ def test_the_local_runner_spills_in_a_scratch_directory_and_no_other_runner_does
 def test_the_ingest_counts_its_spilled_files(tmp_path, capsys):
     """``perturb`` on the local runner reads a ratings file through spilled
     shards, and its scratch directory is gone when it ends."""
-    from kvldp.pipelines import cli
+    from kvldp.cli import commands as cli
 
     path = _csv(tmp_path)
     before = set(Path(runner.tempfile.gettempdir()).glob("kvldp-*"))

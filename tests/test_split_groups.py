@@ -21,9 +21,9 @@ import glob
 import numpy as np
 import pytest
 
+from kvldp.cli import commands as cli
 from kvldp.mechanisms import registry, sizing
 from kvldp.mechanisms.protocol import Collection, Protocol
-from kvldp.pipelines import cli
 from kvldp.pipelines.split import read_broadcast
 from kvldp.schemas import envelope
 

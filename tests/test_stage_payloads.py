@@ -22,7 +22,7 @@ from apache_beam.coders import typecoders
 from kvldp.datasets import SyntheticDataset
 from kvldp.datasets.base import NumberedKeys
 from kvldp.mechanisms.base import Estimates, Reports, UserBatch
-from kvldp.mechanisms.pckv import PCKVUE
+from kvldp.mechanisms.kv.pckv import PCKVUE
 from kvldp.mechanisms.protocol import ProtocolState
 from kvldp.pipelines import sources
 from kvldp.pipelines.graphs import simulate_graph

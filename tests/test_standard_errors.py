@@ -33,9 +33,9 @@ from kvldp import schemas
 from kvldp.datasets import InMemoryDataset, SyntheticDataset
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import UserBatch
+from kvldp.mechanisms.estimation.truth import truth_from_counts
+from kvldp.mechanisms.estimation.variance import multinomial_delta_variance
 from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.truth import truth_from_counts
-from kvldp.mechanisms.variance import multinomial_delta_variance
 from kvldp.schemas.records import estimate_records
 from tolerances import Z_FEW, Z, z_scores
 

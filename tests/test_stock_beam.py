@@ -97,7 +97,7 @@ SNAPSHOT = textwrap.dedent("""
     after_import = snapshot()
 
     import apache_beam as beam
-    from kvldp.pipelines.runner import make_pipeline
+    from kvldp.runtime.jobs import make_pipeline
     p = make_pipeline([])
     runner_kind = type(p.runner).__name__
     (p | beam.Create(range(10)) | beam.Map(lambda x, s: x + s, beam.pvalue.AsSingleton(p | "S" >> beam.Create([1])))
@@ -182,7 +182,7 @@ def test_every_tweak_names_what_it_replaces_and_where_it_was_tested():
 
 
 def _estimates(tmp_path, mechanism: str, stock: bool, monkeypatch) -> bytes:
-    from kvldp.pipelines import cli
+    from kvldp.cli import commands as cli
     if stock:
         monkeypatch.setenv(tweaks.STOCK_ENV, "1")
     else:

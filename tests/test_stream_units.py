@@ -15,8 +15,8 @@ from apache_beam.io.gcp.pubsub import PubsubMessage
 from apache_beam.transforms import window
 from apache_beam.utils.timestamp import Timestamp
 
+from kvldp.cli.units import parse_duration, parse_instant_ms, pubsub_path
 from kvldp.mechanisms import registry
-from kvldp.pipelines.units import parse_duration, parse_instant_ms, pubsub_path
 from kvldp.schemas import envelope
 from kvldp.transforms.stream_rounds import ChainRoundsFn
 from kvldp.transforms.stream_sinks import DEAD_LETTER_FILES_WRITTEN, _WriteDeadLetterFn, pane_bytes, pane_records

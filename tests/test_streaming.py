@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from kvldp.pipelines import cli, publish, stream
-from kvldp.pipelines.report import read_estimates
+from kvldp.cli import commands as cli
+from kvldp.pipelines import publish, stream
+from kvldp.plots.tables import read_estimates
 from kvldp.schemas import envelope
 from kvldp.transforms.streaming import DEAD_LETTERS_EMITTED
 from pubsub_emulator import emulator_host, pubsub  # noqa: F401 - fixtures
@@ -294,7 +295,7 @@ def test_the_direct_runners_streaming_metrics_are_still_stale(pubsub):  # noqa: 
     from apache_beam.metrics import Metrics
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from kvldp.pipelines.runner import counters
+    from kvldp.runtime.jobs import counters
     from kvldp.transforms.direct_pubsub import responsive_pulls
     from kvldp.transforms.tally import JobCounter, forget, tally
 

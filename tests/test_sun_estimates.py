@@ -11,10 +11,10 @@ import pytest
 
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms.base import UserBatch
+from kvldp.mechanisms.estimation.truth import truth_counts, truth_from_counts
+from kvldp.mechanisms.kv.sun import F2M, KVOH, KVUE, ratio_estimates, states_of
 from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.randomness import batch_rng
-from kvldp.mechanisms.sun import F2M, KVOH, KVUE, ratio_estimates, states_of
-from kvldp.mechanisms.truth import truth_counts, truth_from_counts
+from kvldp.mechanisms.privacy.randomness import batch_rng
 from ldp_audit import keep
 from sun_helpers import VAR_EPS, VAR_KEYS, VAR_N, VAR_R, state_repeats
 from tolerances import Z, binomial_sigma, z_scores

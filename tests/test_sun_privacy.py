@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from kvldp.mechanisms.randomness import batch_rng
-from kvldp.mechanisms.sun import F2M, KVOH, KVUE
+from kvldp.mechanisms.kv.sun import F2M, KVOH, KVUE
+from kvldp.mechanisms.privacy.randomness import batch_rng
 from ldp_audit import all_users, check_vertex_argument, keep, log_worst_ratio
 from tolerances import assert_counts_match
 from user_batches import identical_users, users_from_states

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from kvldp.mechanisms.sun import KVOH, KVUE
+from kvldp.mechanisms.kv.sun import KVOH, KVUE
 from sun_helpers import VAR_EPS, VAR_R, state_repeats
 from tolerances import Z
 

@@ -5,8 +5,8 @@ registry (SPEC.md §2).
 import pytest
 
 from kvldp.mechanisms.base import ReportBatch
+from kvldp.mechanisms.kv.sun import F2M, KVOH, KVUE
 from kvldp.mechanisms.registry import make
-from kvldp.mechanisms.sun import F2M, KVOH, KVUE
 
 
 # =====================================================================

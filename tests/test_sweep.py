@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kvldp.pipelines import cli, sweep
+from kvldp.cli import commands as cli
+from kvldp.pipelines import sweep
 
 SWEEP = ["evaluate", "--mechanisms", "pckv-grr", "--epsilons", "1,2", "--repeats", "2", "--keys", "10",
          "--top", "5", "--parallel", "2", "--seed", "3", "--engine", "numpy"]

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from dead_letters import dead_letter
-from kvldp.pipelines import cli, run_seed
+from kvldp.cli import commands as cli
+from kvldp.pipelines import run_seed
 
 SEED = 0x9E3779B97F4A7C15F39CC0605CEDC834      # a 128-bit secret (must be >= 2^64)
 PUBLISHED = [f"title-{k:02d}" for k in range(6)]
@@ -167,7 +168,7 @@ def test_longitudinal_ledger_and_device_secrets_never_reach_the_collector(tmp_pa
     device secret, and the ledger (its file, rows, device ids, fingerprints)."""
     import sqlite3
 
-    from kvldp.mechanisms.memo import DeviceKeys, kdf, master_from_seed, user_uid
+    from kvldp.mechanisms.privacy.memo import DeviceKeys, kdf, master_from_seed, user_uid
 
     raw, rows = raw_side
     reports, collector, private = tmp_path / "reports", tmp_path / "collector", tmp_path / "private"

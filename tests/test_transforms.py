@@ -15,9 +15,9 @@ from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import UserBatch
 from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.randomness import batch_rng
+from kvldp.mechanisms.privacy.randomness import batch_rng
 from kvldp.pipelines.graphs import collect_graph
-from kvldp.pipelines.runner import counters
+from kvldp.runtime.jobs import counters
 from kvldp.transforms.accumulate import Accumulate, Calibrate, RoundCombineFn
 from kvldp.transforms.io import WriteEstimates
 from kvldp.transforms.perturb import Perturb, PerturbFn
@@ -93,7 +93,7 @@ def test_windowed_calibration_equals_the_local_estimates_of_each_window():
     exactly the local runner's over that window's batches."""
     from apache_beam.transforms import window
 
-    from kvldp.mechanisms.randomness import batch_rng
+    from kvldp.mechanisms.privacy.randomness import batch_rng
 
     mech = registry.make("pckv-grr", 10, 1.0)
     data = SyntheticDataset("uu", n_users=4_000, d=10, seed=3)
@@ -172,7 +172,7 @@ def test_read_ratings_batches_do_not_depend_on_row_order(tmp_path):
 
 @pytest.mark.parametrize("ext", ["avro", "jsonl", "csv"])
 def test_write_estimates_formats(tmp_path, ext):
-    from kvldp.pipelines.report import read_estimates
+    from kvldp.plots.tables import read_estimates
 
     mech = registry.make("pckv-grr", 5, 2.0)
     data = SyntheticDataset("uu", n_users=2_000, d=5, seed=1)

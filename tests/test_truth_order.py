@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from kvldp.datasets import SyntheticDataset
-from kvldp.mechanisms.query import pattern_truth
-from kvldp.mechanisms.truth import truth_counts
+from kvldp.mechanisms.estimation.truth import truth_counts
+from kvldp.mechanisms.kv.query import pattern_truth
 from kvldp.pipelines.graphs import ArraySumCombineFn
 
 
@@ -84,7 +84,7 @@ def test_rounded_sums_stay_within_half_a_quantum_per_batch(batches):
     rounded total stays that close to the exact (math.fsum) total."""
     import math
 
-    from kvldp.mechanisms.truth import TRUTH_QUANTUM
+    from kvldp.mechanisms.estimation.truth import TRUTH_QUANTUM
     d = 100
     total = sum(truth_counts(b, d) for b in batches)[1 + d:]
     exact = [math.fsum(np.concatenate([b.values[b.keys == k] for b in batches])) for k in range(d)]

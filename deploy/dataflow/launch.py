@@ -6,8 +6,8 @@ generated from the CLI); turn them back into the CLI's flags and run
 import os
 import sys
 
-from kvldp.pipelines.cli import main
-from kvldp.pipelines.template import COMMAND, template_argv
+from kvldp.cli.commands import main
+from kvldp.cli.template import COMMAND, template_argv
 
 if __name__ == "__main__":
     sys.exit(main(template_argv(sys.argv[1:], os.environ.get("KVLDP_TEMPLATE_COMMAND", COMMAND))))

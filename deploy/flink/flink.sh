@@ -108,8 +108,8 @@ job_server() {
   done
   build_job_server
   # The Job API carries no version: refuse here a runner the installed kvldp SDK was not tested with.
-  if "$PYTHON" -c "import kvldp.pipelines.portable" 2>/dev/null; then
-    "$PYTHON" -m kvldp.pipelines.portable check "beam-runners-flink-$FLINK_MINOR" "$BEAM_RUNNER_VERSION" || exit 2
+  if "$PYTHON" -c "import kvldp.runtime.portable" 2>/dev/null; then
+    "$PYTHON" -m kvldp.runtime.portable check "beam-runners-flink-$FLINK_MINOR" "$BEAM_RUNNER_VERSION" || exit 2
   else
     echo "flink.sh: WARNING: $PYTHON cannot import kvldp (set PYTHON to the interpreter kvldp is installed in):" \
          "the SDK / job server pairing is not checked" >&2

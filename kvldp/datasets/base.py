@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE, UserBatch
-from kvldp.mechanisms.randomness import STREAM_DATA_SETUP, batch_rng
+from kvldp.mechanisms.privacy.randomness import STREAM_DATA_SETUP, batch_rng
 
 
 def batch_specs(n_users: int, batch_size: int = DEFAULT_BATCH_SIZE):

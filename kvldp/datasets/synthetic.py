@@ -30,7 +30,7 @@ import math
 import numpy as np
 
 from kvldp.mechanisms.base import UserBatch
-from kvldp.mechanisms.randomness import STREAM_DATA, STREAM_DATA_SETUP, batch_rng
+from kvldp.mechanisms.privacy.randomness import STREAM_DATA, STREAM_DATA_SETUP, batch_rng
 
 from .base import Dataset
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 if TYPE_CHECKING:
-    from .countmodel import CountModel
+    from kvldp.mechanisms.estimation.countmodel import CountModel
 
 # Users per batch: large enough that per-batch overhead vanishes in NumPy, small
 # enough that a batch of reports fits a worker's memory many times over.

@@ -12,10 +12,10 @@ import dataclasses
 
 import numpy as np
 
-from .base import DEFAULT_BATCH_SIZE, Estimates
-from .protocol import Collection, Protocol, ProtocolState, check_count_draw
-from .randomness import batch_rng
-from .truth import truth_counts, truth_from_counts
+from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE, Estimates
+from kvldp.mechanisms.estimation.truth import truth_counts, truth_from_counts
+from kvldp.mechanisms.privacy.randomness import batch_rng
+from kvldp.mechanisms.protocol import Collection, Protocol, ProtocolState, check_count_draw
 
 
 @dataclasses.dataclass

@@ -5,9 +5,9 @@ frozen dataclass whose fields carry their documentation, range and choices
 (:func:`option`). From that one declaration come
 
 * validation, in ``__post_init__``, with messages that name the flag;
-* the command line: one ``--flag`` per field name (``kvldp.pipelines.flags``),
+* the command line: one ``--flag`` per field name (``kvldp.cli.flags``),
   its help listing the mechanisms that take it;
-* the Flex Template's parameters (``kvldp.pipelines.template``).
+* the Flex Template's parameters (``kvldp.cli.template``).
 
 Defaults are the constructor's, so ``Mechanism(d, eps, **asdict(options))``
 with default options is the mechanism with its defaults (a test checks it).

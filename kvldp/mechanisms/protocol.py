@@ -42,10 +42,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Estimates, ReportBatch, Reports, UserBatch, validated_domain
-from .budget import BudgetLedger, Share
-from .params import NoOptions, Options
-from .randomness import STREAM_GROUP, batch_rng
+from kvldp.mechanisms.base import Estimates, ReportBatch, Reports, UserBatch, validated_domain
+from kvldp.mechanisms.params import NoOptions, Options
+from kvldp.mechanisms.privacy.budget import BudgetLedger, Share
+from kvldp.mechanisms.privacy.randomness import STREAM_GROUP, batch_rng
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .ioh import ioh_factory
-from .kskv import KSGRR, KSUE, KSAdap
-from .params import Options
-from .pckv import PCKVGRR, PCKVUE
-from .privkv import PrivKV, PrivKVA, PrivKVMVirtual
-from .privkvm import PrivKVM, PrivKVMPlus
-from .protocol import Protocol
-from .sun import F2M, KVOH, KVUE
+from kvldp.mechanisms.kv.ioh import ioh_factory
+from kvldp.mechanisms.kv.kskv import KSGRR, KSUE, KSAdap
+from kvldp.mechanisms.kv.pckv import PCKVGRR, PCKVUE
+from kvldp.mechanisms.kv.privkv import PrivKV, PrivKVA, PrivKVMVirtual
+from kvldp.mechanisms.kv.privkvm import PrivKVM, PrivKVMPlus
+from kvldp.mechanisms.kv.sun import F2M, KVOH, KVUE
+from kvldp.mechanisms.params import Options
+from kvldp.mechanisms.protocol import Protocol
 
 MECHANISMS: dict[str, Callable[..., Protocol]] = {
     PCKVUE.name: PCKVUE,

@@ -26,10 +26,10 @@ import dataclasses
 
 import numpy as np
 
-from .base import DEFAULT_BATCH_SIZE, UserBatch
-from .longitudinal import Longitudinal
-from .memo import DeviceKeys
-from .protocol import Collection
+from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE, UserBatch
+from kvldp.mechanisms.kv.longitudinal import Longitudinal
+from kvldp.mechanisms.privacy.memo import DeviceKeys
+from kvldp.mechanisms.protocol import Collection
 
 DEFAULT_MEMORY_BUDGET = 1 << 30          # bytes: the whole job's peak RSS
 BASELINE = 256 << 20                     # the interpreter, NumPy and Beam, before any batch

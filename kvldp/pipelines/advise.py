@@ -6,7 +6,7 @@ when ``2(d - 1) > l(4l - 1)(e^eps + 1)``; PCKV-UE's error does not grow with
 (Theorem 4; KS-UE Theorem 4.2) of every mechanism that has one, and the
 standard errors to expect for a key of frequency ``f`` and mean ``m``.
 
-Post-processing (``kvldp.mechanisms.postprocess``) changes the errors a
+Post-processing (``kvldp.mechanisms.estimation.postprocess``) changes the errors a
 collector gets, and by how much depends on the data (how the frequencies
 and means spread over the keys), so no closed form predicts it. With a
 built-in dataset (``--dataset``), advise therefore runs every candidate
@@ -21,7 +21,7 @@ what post-processing adds is an upper bound's worth of improvement only.
 
 The padding length ``l``: given the users' set sizes (``--set-sizes``, or
 measured from a dataset or ratings file with simulate's flags), advise
-chooses ``l`` by KSKV §4.3's coverage rule (``mechanisms/padding.py``: the
+chooses ``l`` by KSKV §4.3's coverage rule (``mechanisms/frequency/padding.py``: the
 smallest ``l`` with at least 90 % of the users holding ``<= l`` pairs) and
 shows what each ``l`` costs: the share of users it truncates (their
 frequencies come out times ``l/|S|``) against the standard error, which
@@ -35,18 +35,20 @@ import math
 
 import numpy as np
 
-from kvldp.mechanisms import metrics, registry
-from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.padding import (
+from kvldp.cli import mechanism_args
+from kvldp.mechanisms import registry
+from kvldp.mechanisms.estimation import metrics
+from kvldp.mechanisms.estimation.postprocess import DEFAULT as DEFAULT_POSTPROCESS
+from kvldp.mechanisms.estimation.postprocess import RAW, postprocess_all
+from kvldp.mechanisms.frequency.padding import (
     DEFAULT_COVERAGE,
     MAX_PADDING,
     check_padding,
     choose_padding,
 )
-from kvldp.mechanisms.postprocess import DEFAULT as DEFAULT_POSTPROCESS
-from kvldp.mechanisms.postprocess import RAW, postprocess_all
-from kvldp.mechanisms.randomness import SimulationSeed
-from kvldp.pipelines import mechanism_args, sources
+from kvldp.mechanisms.local import run_local
+from kvldp.mechanisms.privacy.randomness import SimulationSeed
+from kvldp.pipelines import sources
 from kvldp.pipelines.padding import (
     data_set_sizes,
     describe_sizes,

@@ -16,10 +16,10 @@ import time
 
 from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions, StandardOptions
 
-from kvldp.mechanisms.ledger import LedgerGate, Policy, PrivacyLedger
-from kvldp.mechanisms.longitudinal import Longitudinal
-from kvldp.mechanisms.memo import DeviceKeys
-from kvldp.pipelines.units import parse_duration, parse_instant_ms, path_arg
+from kvldp.cli.units import parse_duration, parse_instant_ms, path_arg
+from kvldp.mechanisms.kv.longitudinal import Longitudinal
+from kvldp.mechanisms.privacy.ledger import LedgerGate, Policy, PrivacyLedger
+from kvldp.mechanisms.privacy.memo import DeviceKeys
 
 DEFAULT_PERIOD = "30d"
 IN_PROCESS_RUNNERS = (None, "DirectRunner", "FnApiRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
@@ -37,7 +37,7 @@ def non_negative(text: str) -> float:
 
 def add_ledger_args(parser: argparse.ArgumentParser):
     group = parser.add_argument_group(
-        "privacy ledger (perturbing side only; mechanisms/ledger.py)",
+        "privacy ledger (perturbing side only; mechanisms/privacy/ledger.py)",
         "Records what every user spent per collection; a user whose period budget a collection would exceed "
         "sends nothing for it (counted in the run summary). Needs --collection-id (one per scheduled run) and "
         "a persistent seed (--seed-file or $KVLDP_SEED).")

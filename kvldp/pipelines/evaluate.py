@@ -4,7 +4,7 @@ write a tidy ``results.csv`` and the papers' figures as PNGs.
 Every cell is one ``simulate`` run (a Beam pipeline on any runner through
 the usual options) whose estimates are post-processed by each of
 ``--postprocess`` (default ``raw`` and the default post-processing,
-``kvldp.mechanisms.postprocess``) and scored against the simulated truth:
+``kvldp.mechanisms.estimation.postprocess``) and scored against the simulated truth:
 MSE of frequency and mean over all keys and over the top-``t`` keys (with
 the closed-form theory of the paper's estimator where the mechanism has
 one), NCR of the top-``t`` set and the MSEs over the keys it found, and
@@ -40,19 +40,23 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from kvldp.mechanisms import metrics, registry
+from kvldp.cli import mechanism_args, units
+from kvldp.cli.mechanism_args import MechanismConfig
+from kvldp.cli.presets import PRESETS
+from kvldp.mechanisms import registry
+from kvldp.mechanisms.estimation import metrics
+from kvldp.mechanisms.estimation.postprocess import DEFAULT as DEFAULT_POSTPROCESS
+from kvldp.mechanisms.estimation.postprocess import RAW, postprocess_all
+from kvldp.mechanisms.kv.longitudinal import LongitudinalOptions
 from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.longitudinal import LongitudinalOptions
-from kvldp.mechanisms.postprocess import DEFAULT as DEFAULT_POSTPROCESS
-from kvldp.mechanisms.postprocess import RAW, postprocess_all
-from kvldp.pipelines import figures, mechanism_args, over_time, runner, simulate, sources, sweep, units
+from kvldp.pipelines import over_time, simulate, sources, sweep
 from kvldp.pipelines.graphs import to_records
-from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.postprocessing import postprocess_list
-from kvldp.pipelines.presets import PRESETS
-from kvldp.pipelines.report import column
 from kvldp.pipelines.simulate import SimulateConfig
 from kvldp.pipelines.sources import DataConfig
+from kvldp.plots import figures
+from kvldp.plots.tables import column
+from kvldp.runtime import jobs as runner
 
 COVERAGE_METRICS = ("coverage", "scored", "no_interval", "se_zero", "null")
 FREQUENT = "f>=1/d"          # the key set of the keys with true frequency >= 1/d

@@ -9,10 +9,10 @@ from apache_beam.pvalue import AsSingleton
 
 from kvldp import schemas
 from kvldp.mechanisms.base import Estimates
-from kvldp.mechanisms.postprocess import RAW, postprocess
+from kvldp.mechanisms.estimation.postprocess import RAW, postprocess
+from kvldp.mechanisms.estimation.truth import truth_counts, truth_from_counts
+from kvldp.mechanisms.kv.query import pattern_truth
 from kvldp.mechanisms.protocol import Protocol
-from kvldp.mechanisms.query import pattern_truth
-from kvldp.mechanisms.truth import truth_counts, truth_from_counts
 from kvldp.schemas.estimate_table import EstimateTable
 from kvldp.schemas.records import ioh_counts_record
 from kvldp.transforms.accumulate import ArraySumCombineFn
@@ -52,7 +52,7 @@ def truth_sum(users, d: int):
 
 
 def final_estimates(state, protocol: Protocol, method: str = RAW) -> Estimates:
-    """The state's estimates post-processed by ``method`` (``kvldp.mechanisms.postprocess``)."""
+    """The state's estimates post-processed by ``method`` (``kvldp.mechanisms.estimation.postprocess``)."""
     return postprocess(protocol.estimates(state), method)
 
 

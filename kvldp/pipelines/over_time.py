@@ -42,12 +42,12 @@ import hashlib
 import numpy as np
 
 from kvldp.datasets import InMemoryDataset
-from kvldp.mechanisms import metrics
 from kvldp.mechanisms.base import UserBatch
-from kvldp.mechanisms.ledger import SimulatedLedger
+from kvldp.mechanisms.estimation import metrics
+from kvldp.mechanisms.kv.longitudinal import SUPPORTED, longitudinal
 from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.longitudinal import SUPPORTED, longitudinal
-from kvldp.mechanisms.memo import DeviceKeys
+from kvldp.mechanisms.privacy.ledger import SimulatedLedger
+from kvldp.mechanisms.privacy.memo import DeviceKeys
 from kvldp.pipelines import sources
 
 MODES = ("fresh", "memoised", "two-layer", "fresh-eps1")
@@ -234,7 +234,8 @@ def run(config) -> dict:
 
     from tqdm import tqdm
 
-    from kvldp.pipelines import figures, sweep
+    from kvldp.pipelines import sweep
+    from kvldp.plots import figures
 
     out_dir = Path(config.out)
     out_dir.mkdir(parents=True, exist_ok=True)

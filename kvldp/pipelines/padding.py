@@ -1,5 +1,5 @@
 """The padding length on the ingest side: ``--padding auto`` and the
-truncation warning (the math is ``mechanisms/padding.py``).
+truncation warning (the math is ``mechanisms/frequency/padding.py``).
 
 A padded mechanism (PCKV-UE, PCKV-GRR, KS-UE) under-counts every user with
 more than ``l`` pairs: each of their pairs is reported w.p. ``1/|S|`` and the
@@ -47,8 +47,9 @@ from collections.abc import Sequence
 import apache_beam as beam
 import numpy as np
 
+from kvldp.cli.mechanism_args import MechanismConfig
 from kvldp.datasets import Dataset, InMemoryDataset
-from kvldp.mechanisms.padding import (
+from kvldp.mechanisms.frequency.padding import (
     DEFAULT_COVERAGE,
     PaddingCheck,
     check_padding,
@@ -57,9 +58,9 @@ from kvldp.mechanisms.padding import (
     size_histogram,
 )
 from kvldp.mechanisms.params import AUTO
-from kvldp.pipelines import runner, sources
-from kvldp.pipelines.mechanism_args import MechanismConfig
+from kvldp.pipelines import sources
 from kvldp.pipelines.sources import DataConfig
+from kvldp.runtime import jobs as runner
 
 
 def parse_set_sizes(text: str) -> np.ndarray:

@@ -1,10 +1,10 @@
 """``--postprocess``: which post-processing the collector applies to the
-calibrated estimates before writing them (``kvldp.mechanisms.postprocess``)."""
+calibrated estimates before writing them (``kvldp.mechanisms.estimation.postprocess``)."""
 from __future__ import annotations
 
 import argparse
 
-from kvldp.mechanisms import postprocess as pp
+from kvldp.mechanisms.estimation import postprocess as pp
 
 HELP = ("post-processing of the calibrated estimates, FREQ[+shrink]: FREQ one of raw (the paper's estimator, "
         "clipped: the mechanism's own output), eb (empirical Bayes), norm-sub, project, base-cut (Wang et al.'s "

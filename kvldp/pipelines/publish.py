@@ -25,11 +25,13 @@ from collections.abc import Callable, Sequence
 import fastavro
 from apache_beam.io.filesystems import FileSystems
 
-from kvldp.mechanisms.randomness import fresh_seed
-from kvldp.pipelines import extras, kafka_admin, split
-from kvldp.pipelines.pubsub_admin import PubSubSink, check_reachable, ensure_subscription, ensure_topic
+from kvldp.brokers import kafka as kafka_admin
+from kvldp.brokers.pubsub import PubSubSink, check_reachable, ensure_subscription, ensure_topic
+from kvldp.cli import extras
+from kvldp.cli.units import parse_duration, parse_instant_ms, pubsub_path
+from kvldp.mechanisms.privacy.randomness import fresh_seed
+from kvldp.pipelines import split
 from kvldp.pipelines.split import PerturbConfig
-from kvldp.pipelines.units import parse_duration, parse_instant_ms, pubsub_path
 from kvldp.schemas import envelope
 
 

@@ -16,8 +16,9 @@ import fastavro
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from kvldp.mechanisms.ioh import calibrate_cells
-from kvldp.mechanisms.query import (
+from kvldp.cli.units import path_arg
+from kvldp.mechanisms.kv.ioh import calibrate_cells
+from kvldp.mechanisms.kv.query import (
     CellTable,
     axis_of,
     parse_alpha_beta,
@@ -25,7 +26,6 @@ from kvldp.mechanisms.query import (
     parse_query,
     true_conditional,
 )
-from kvldp.pipelines.units import path_arg
 
 
 @dataclasses.dataclass

@@ -1,7 +1,7 @@
 """Where a run's seed comes from, keeping a real run's seed off the command line.
 
 Whoever knows the seed of a run that perturbed real ratings can regenerate
-its noise (``mechanisms/randomness.py``) and undo it. So the seed of a real
+its noise (``mechanisms/privacy/randomness.py``) and undo it. So the seed of a real
 run is a secret of the perturbing side, and the place it is passed decides
 who sees it:
 
@@ -29,7 +29,7 @@ import sys
 
 from apache_beam.io.filesystems import FileSystems
 
-from kvldp.mechanisms.randomness import fresh_seed
+from kvldp.mechanisms.privacy.randomness import fresh_seed
 
 SEED_ENV = "KVLDP_SEED"
 SEED_BITS = 128

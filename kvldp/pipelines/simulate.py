@@ -10,19 +10,22 @@ import time
 
 import apache_beam as beam
 
+from kvldp.cli import mechanism_args
+from kvldp.cli.mechanism_args import MechanismConfig
+from kvldp.cli.units import path_arg
 from kvldp.mechanisms import registry
-from kvldp.mechanisms.postprocess import DEFAULT as DEFAULT_POSTPROCESS
+from kvldp.mechanisms.estimation.postprocess import DEFAULT as DEFAULT_POSTPROCESS
+from kvldp.mechanisms.privacy.randomness import noise_generator_name
 from kvldp.mechanisms.protocol import Collection, no_count_draw
-from kvldp.mechanisms.randomness import noise_generator_name
-from kvldp.pipelines import devices, mechanism_args, outputs, report, runner, sources
+from kvldp.pipelines import devices, outputs, sources
 from kvldp.pipelines.graphs import ioh_counts_file, protocol_summary, simulate_graph
-from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.padding import resolve_padding
 from kvldp.pipelines.postprocessing import add_postprocess_arg
 from kvldp.pipelines.query import print_queries
-from kvldp.pipelines.report import read_text
 from kvldp.pipelines.sources import DataConfig
-from kvldp.pipelines.units import path_arg
+from kvldp.plots import tables as report
+from kvldp.plots.tables import read_text
+from kvldp.runtime import jobs as runner
 from kvldp.transforms.io import WriteEstimates
 from kvldp.transforms.ratings import write_dead_letters
 
@@ -64,7 +67,7 @@ class SimulateConfig:
     rows: int = 10                       # keys shown in the table
     fanout: int | None = None            # CombineGlobally fanout
     queries: tuple[str, ...] = ()        # IOH queries answered after the run
-    postprocess: str = DEFAULT_POSTPROCESS.name     # kvldp.mechanisms.postprocess
+    postprocess: str = DEFAULT_POSTPROCESS.name     # kvldp.mechanisms.estimation.postprocess
     draw_counts: bool = False            # counts drawn per batch, no reports (Protocol.draw_round_counts)
     overwrite: bool = False              # replace outputs an earlier run left at the paths given
 

@@ -13,13 +13,14 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from kvldp.cli.units import parse_bytes, path_arg
 from kvldp.datasets import Dataset, SyntheticDataset, load_clothing, load_movielens_100k
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE, UserBatch
-from kvldp.mechanisms.padding import merge_histograms, size_histogram
-from kvldp.mechanisms.randomness import SimulationSeed, fresh_seed
+from kvldp.mechanisms.frequency.padding import merge_histograms, size_histogram
+from kvldp.mechanisms.privacy.randomness import SimulationSeed, fresh_seed
 from kvldp.mechanisms.sizing import DEFAULT_MEMORY_BUDGET, batch_size_for
 from kvldp.pipelines import outputs, run_seed
-from kvldp.pipelines.runner import (
+from kvldp.runtime.jobs import (
     Progress,
     finish,
     make_pipeline,
@@ -29,7 +30,6 @@ from kvldp.pipelines.runner import (
     scratch_path,
     spill_directory,
 )
-from kvldp.pipelines.units import parse_bytes, path_arg
 from kvldp.transforms.coders import UserBatchCoder  # noqa: F401  (registers the coder)
 from kvldp.transforms.global_combine import CombineAll
 from kvldp.transforms.key_names import key_names_in

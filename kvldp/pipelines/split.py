@@ -20,18 +20,21 @@ import fastavro
 from apache_beam.io.filesystems import FileSystems
 
 from kvldp import schemas
+from kvldp.cli import mechanism_args
+from kvldp.cli.mechanism_args import MechanismConfig
+from kvldp.cli.units import path_arg
 from kvldp.datasets import SyntheticDataset
+from kvldp.mechanisms.estimation.postprocess import DEFAULT as DEFAULT_POSTPROCESS
 from kvldp.mechanisms.params import AUTO
-from kvldp.mechanisms.postprocess import DEFAULT as DEFAULT_POSTPROCESS
 from kvldp.mechanisms.protocol import Collection
-from kvldp.pipelines import devices, manifest, mechanism_args, outputs, report, run_seed, runner, sources
+from kvldp.pipelines import devices, manifest, outputs, run_seed, sources
 from kvldp.pipelines.devices import LedgerConfig
 from kvldp.pipelines.graphs import collect_graph, ioh_counts_file
-from kvldp.pipelines.mechanism_args import MechanismConfig
 from kvldp.pipelines.padding import padding_from_reports, resolve_padding
 from kvldp.pipelines.postprocessing import add_postprocess_arg
 from kvldp.pipelines.sources import DataConfig
-from kvldp.pipelines.units import path_arg
+from kvldp.plots import tables as report
+from kvldp.runtime import jobs as runner
 from kvldp.schemas.records import broadcast_records, state_from_broadcast
 from kvldp.transforms.io import (
     ReadReports,
@@ -339,7 +342,7 @@ class CollectConfig:
     fanout: int | None = None
     allow_partial: bool = False
     require_manifest: bool = True
-    postprocess: str = DEFAULT_POSTPROCESS.name     # kvldp.mechanisms.postprocess
+    postprocess: str = DEFAULT_POSTPROCESS.name     # kvldp.mechanisms.estimation.postprocess
     rating_range: tuple[float, float] | None = None     # None: the manifest's
     overwrite: bool = False              # replace outputs an earlier run left at the paths given
 

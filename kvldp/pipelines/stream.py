@@ -33,14 +33,17 @@ import uuid
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from kvldp.mechanisms.postprocess import DEFAULT as DEFAULT_POSTPROCESS
-from kvldp.mechanisms.postprocess import postprocess
+from kvldp.brokers import kafka as kafka_admin
+from kvldp.brokers.pubsub import check_reachable, ensure_subscription
+from kvldp.cli import extras, mechanism_args
+from kvldp.cli.mechanism_args import MechanismConfig
+from kvldp.cli.units import parse_duration, path_arg, pubsub_path
+from kvldp.mechanisms.estimation.postprocess import DEFAULT as DEFAULT_POSTPROCESS
+from kvldp.mechanisms.estimation.postprocess import postprocess
 from kvldp.mechanisms.protocol import Collection
-from kvldp.pipelines import extras, kafka_admin, mechanism_args, runner, sources, split
-from kvldp.pipelines.mechanism_args import MechanismConfig
+from kvldp.pipelines import sources, split
 from kvldp.pipelines.postprocessing import add_postprocess_arg
-from kvldp.pipelines.pubsub_admin import check_reachable, ensure_subscription
-from kvldp.pipelines.units import parse_duration, path_arg, pubsub_path
+from kvldp.runtime import jobs as runner
 from kvldp.schemas import envelope
 from kvldp.transforms.direct_pubsub import responsive_pulls
 from kvldp.transforms.report_messages import KafkaSource, PubSubSource, ReadReportMessages
@@ -170,7 +173,7 @@ class StreamConfig:
     subscribe_to: str | None = None
     collection_id: str | None = None
     broadcast_topic: str | None = None
-    postprocess: str = DEFAULT_POSTPROCESS.name     # kvldp.mechanisms.postprocess, per pane
+    postprocess: str = DEFAULT_POSTPROCESS.name     # kvldp.mechanisms.estimation.postprocess, per pane
     kafka_bootstrap: str | None = None
     kafka_topic: str | None = None
     kafka_group: str | None = None
@@ -220,7 +223,7 @@ class StreamConfig:
 
 
 def postprocess_pane(pane: Pane, method: str) -> Pane:
-    """The pane with its estimates post-processed (``kvldp.mechanisms.postprocess``)."""
+    """The pane with its estimates post-processed (``kvldp.mechanisms.estimation.postprocess``)."""
     return dataclasses.replace(pane, estimates=postprocess(pane.estimates, method))
 
 

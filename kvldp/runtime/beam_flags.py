@@ -2,7 +2,7 @@
 
 Beam only logs "Discarding unparseable args" for a flag it does not know
 and runs with the option missing (``--paddng 3`` ran with l = 1), so the
-CLI checks every flag it leaves to Beam first (``pipelines/flags.py``).
+CLI checks every flag it leaves to Beam first (``cli/flags.py``).
 Beam exposes no parser: ``PipelineOptions`` builds one from the private
 ``_BeamArgumentParser`` and each options class's ``_add_argparse_args``,
 which is what ``parser`` does too. A Beam without that class gets the

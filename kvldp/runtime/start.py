@@ -40,6 +40,6 @@ def main(argv: list[str] | None = None) -> int:
     # grpcio < 1.66, the floor of kvldp's range): notes for their maintainers, not for an operator's job
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"google\.")
     with process.private_tempdir():
-        from kvldp.pipelines import cli
+        from kvldp.cli import commands as cli
         process.settle(chosen)
         return cli.main(argv)

@@ -37,7 +37,7 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE, UserBatch
-from kvldp.mechanisms.memo import user_uid
+from kvldp.mechanisms.privacy.memo import user_uid
 from kvldp.transforms import csv_blocks, tally
 from kvldp.transforms.coders import ArrowArray, NDArray, register_payload_type
 from kvldp.transforms.context import element_context
