@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvldp.transforms import csv_blocks, ratings
-from kvldp.transforms.ratings import DEAD_LETTER, ParseRatingFileFn, RatingsFormat
+from kvldp.transforms import csv_blocks, rating_files
+from kvldp.transforms.rating_files import DEAD_LETTER, ParseRatingFileFn, RatingsFormat
 
 
 class _File:
@@ -99,7 +99,7 @@ def test_other_encodings_and_delimiters(monkeypatch):
 
 def test_undecodable_reason_is_kept():
     _, dead = parse(DAMAGED[3])
-    assert [d["reason"].split(" (")[0] for d in dead] == [ratings.UNDECODABLE] and dead[0]["line"] == 32
+    assert [d["reason"].split(" (")[0] for d in dead] == [rating_files.UNDECODABLE] and dead[0]["line"] == 32
 
 
 def test_the_light_pre_pass_finds_the_dictionary_and_set_sizes_of_the_main_job(tmp_path):

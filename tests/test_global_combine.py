@@ -15,8 +15,7 @@ from kvldp.mechanisms.kv.pckv import PCKVGRR
 from kvldp.mechanisms.kv.privkvm import PrivKVMPlus
 from kvldp.pipelines import sources
 from kvldp.pipelines.graphs import simulate_graph
-from kvldp.transforms.accumulate import ArraySumCombineFn
-from kvldp.transforms.global_combine import CombineAll, CombineWithoutDefaults
+from kvldp.transforms.global_combine import ArraySumCombineFn, CombineAll, CombineWithoutDefaults
 
 
 def _nan_as_text(value):
@@ -138,11 +137,11 @@ def test_a_round_makes_its_default_without_create():
     """Before: every round's combine built ``DoOnce/FlatMap`` and
     ``DoOnce/Map(decode)`` (Beam's ``Create([None])``); PrivKVM+ ten times.
     A round's calibration injects the default itself, on the state the round
-    starts from (``rounds.calibrate_round``): one Impulse, round 1's."""
+    starts from (``collector.CollectStep``): one Impulse, round 1's."""
     for protocol in (PCKVGRR(10, 4.0), PrivKVMPlus(10, 4.0)):
         rounds = [label for label in _labels(protocol) if label.startswith("Protocol/")]
         assert not [label for label in rounds if "DoOnce" in label or "Create" in label]
-        assert [label for label in rounds if label.endswith("/Start")] == ["Protocol/Round1/Start"]
+        assert [label for label in rounds if label.endswith("/Start")] == ["Protocol/Round1/Collect/Start"]
 
 
 def test_a_synthetic_domains_key_names_are_no_stage():

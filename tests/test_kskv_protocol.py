@@ -9,7 +9,7 @@ import pytest
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import UserBatch
 from kvldp.mechanisms.kv.kskv import KSGRR, KSUE, KSAdap
-from kvldp.mechanisms.privacy.budget import BudgetLedger
+from kvldp.mechanisms.privacy.accountant import Accountant
 from kvldp.mechanisms.protocol import Collection, assign_groups
 from tolerances import Z_FEW, binomial_sigma
 
@@ -68,7 +68,7 @@ def test_budget_ledger_every_user_spends_eps_once(proto):
     round belongs to one group: per user eps is spent once."""
     eps = proto.epsilon
     led = proto.ledger
-    assert isinstance(led, BudgetLedger) and led.total == eps
+    assert isinstance(led, Accountant) and led.total == eps
     assert len(led.shares) == proto.max_rounds == len(proto.group_shares)
     assert proto.round_groups == tuple(range(proto.max_rounds))
     assert led.groups == sorted(f"group{g + 1}" for g in range(len(proto.group_shares)))

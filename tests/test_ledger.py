@@ -1,4 +1,4 @@
-"""The perturbing side's privacy ledger (mechanisms/privacy/ledger.py, ``perturb
+"""The perturbing side's privacy ledger (kvldp/storage/ledger.py, ``perturb
 --ledger --period-budget E --period 30d``): the admission rule, retries,
 and the run summary that counts who sat a collection out."""
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 from example_data import example_ratings
 from kvldp.cli import commands as cli
 from kvldp.cli.units import parse_instant_ms
-from kvldp.mechanisms.privacy.ledger import Policy, PrivacyLedger
 from kvldp.mechanisms.privacy.memo import user_uid
 from kvldp.pipelines import run_seed
+from kvldp.storage.ledger import Policy, PrivacyLedger
 
 DAY = 86400.0
 SEED = 0x5EED0F1ED6E50000000000000000ABCD
@@ -185,8 +185,8 @@ def test_a_gate_admits_from_another_thread_than_the_one_that_opened_it(tmp_path)
 
     from kvldp.mechanisms import registry
     from kvldp.mechanisms.base import UserBatch
-    from kvldp.mechanisms.privacy.ledger import LedgerGate
     from kvldp.mechanisms.privacy.memo import DeviceKeys
+    from kvldp.storage.ledger import LedgerGate
 
     gate = LedgerGate(str(tmp_path / "l.sqlite"), policy("c1", 0, cost=1.0, budget=1.5), DeviceKeys.from_seed(3))
     mech = registry.make("pckv-grr", 5, 1.0)

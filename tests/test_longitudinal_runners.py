@@ -15,7 +15,7 @@ from kvldp.mechanisms.kv.longitudinal import longitudinal
 from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.privacy.memo import DeviceKeys
 from kvldp.mechanisms.privacy.randomness import batch_rng
-from kvldp.transforms.accumulate import Accumulate
+from kvldp.transforms.collector import COUNTS, CollectStep
 from kvldp.transforms.perturb import Perturb
 
 D = 15
@@ -71,7 +71,7 @@ def test_two_layer_pipeline_counts_equal_the_local_runner(name):
     local = run_local(mech, data, seed=9, batch_size=1_500)
     with beam.Pipeline(runner=FnApiRunner()) as p:
         counts = (p | beam.Create(data.specs(1_500)) | beam.Reshuffle() | beam.MapTuple(data.batch)
-                  | Perturb(mech, seed=9) | Accumulate(mech, fanout=2))
+                  | Perturb(mech, seed=9) | CollectStep(mech, fanout=2))[COUNTS]
 
         def same(actual):
             if len(actual) != 1 or not np.array_equal(actual[0], local.counts):

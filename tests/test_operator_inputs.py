@@ -143,7 +143,7 @@ def test_jobs_leave_no_temporary_files_and_default_outputs_land_in_the_working_d
 
 
 def test_a_worker_error_names_its_element_once():
-    from kvldp.cli.failures import one_line
+    from kvldp.runtime.failures import one_line
     from kvldp.transforms.context import ElementError, element_context
 
     with pytest.raises(ElementError) as caught, element_context("user batch 7 (10 users), round 1"):

@@ -9,8 +9,9 @@ import pytest
 
 from kvldp.cli import commands as cli
 from kvldp.datasets import SyntheticDataset
-from kvldp.mechanisms.privacy.ledger import Policy, PrivacyLedger, SimulatedLedger
+from kvldp.mechanisms.privacy.ledger import SimulatedLedger
 from kvldp.pipelines.over_time import Churn, materialise
+from kvldp.storage.ledger import Policy, PrivacyLedger
 
 
 @pytest.mark.parametrize("budget, period", [(None, None), (5.0, 3), (2.0, 2)])

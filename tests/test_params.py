@@ -152,7 +152,7 @@ class ToyKV(Mechanism):
         self.p1, self.p2 = e1 / (e1 + 1), e2 / (e2 + 1)
 
     def budget_shares(self):
-        from kvldp.mechanisms.privacy.budget import Share
+        from kvldp.mechanisms.privacy.accountant import Share
         key = self.epsilon * self.flip_share
         return [Share(0, "key", key), Share(0, "value", self.epsilon - key)]
 

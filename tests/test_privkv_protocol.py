@@ -16,7 +16,7 @@ from kvldp.mechanisms.kv.privkv import (
 )
 from kvldp.mechanisms.kv.privkvm import PrivKVM, PrivKVMPlus
 from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.privacy.budget import BudgetExceeded, BudgetLedger, Share
+from kvldp.mechanisms.privacy.accountant import Accountant, BudgetExceeded, Share
 from kvldp.mechanisms.privacy.randomness import batch_rng
 from privkv_helpers import tabular_users
 
@@ -48,8 +48,8 @@ def test_privkvm_plus_ledger_is_pbat(eps, t, R):
 
 def test_ledger_rejects_overspending():
     with pytest.raises(BudgetExceeded):
-        BudgetLedger.of(1.0, [Share(0, "key", 0.6), Share(0, "value", 0.6)])
-    BudgetLedger.of(1.0, [Share(0, "key", 0.5), Share(0, "value", 0.5)])      # exactly the total is fine
+        Accountant.of(1.0, [Share(0, "key", 0.6), Share(0, "value", 0.6)])
+    Accountant.of(1.0, [Share(0, "key", 0.5), Share(0, "value", 0.5)])      # exactly the total is fine
 
     class Greedy(PrivKVM):
         """Every round spends the full value budget eps/2 (c times too much)."""

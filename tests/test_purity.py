@@ -1,7 +1,8 @@
 """The Beam-free core (``kvldp.mechanisms``, ``kvldp.datasets``) is pure NumPy (SPEC.md, base.py docstring).
 
-* Importing every module of the core must not pull in Apache Beam or
-  fastavro, so a device- or server-side client can use it alone.
+* Importing every module of the core must not pull in Apache Beam,
+  fastavro or sqlite3, so a device- or server-side client can use it alone
+  (the device ledger's SQLite file is ``kvldp.storage``'s, issue 41).
 * Client randomness comes only from explicit ``numpy.random.Generator``s
   (randomness.py): no module may call the global ``np.random.<fn>(`` state.
 """
@@ -22,7 +23,7 @@ CORE = ("kvldp.mechanisms", "kvldp.datasets")
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(p for pkg in CORE for p in (ROOT / pkg.replace(".", "/")).rglob("*.py"))
 
-FORBIDDEN_IMPORT = re.compile(r"^\s*(import\s+apache_beam|from\s+apache_beam\b)|fastavro", re.MULTILINE)
+FORBIDDEN_IMPORT = re.compile(r"^\s*(import\s+apache_beam|from\s+apache_beam\b)|fastavro|\bsqlite3\b", re.MULTILINE)
 GLOBAL_RANDOM = re.compile(
     r"\b(?:np|numpy)\.random\.(seed|rand|random|choice|binomial|uniform|randint|randn)\s*\(")
 
@@ -36,7 +37,7 @@ attempts = []
 
 class Recorder:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("apache_beam", "fastavro"):
+        if name.split(".")[0] in ("apache_beam", "fastavro", "sqlite3", "_sqlite3"):
             attempts.append(name)
         return None
 
@@ -48,7 +49,7 @@ for name in names:
     importlib.import_module(name)
 print(json.dumps({
     "imported": names,
-    "loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("apache_beam", "fastavro")),
+    "loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("apache_beam", "fastavro", "sqlite3")),
     "attempts": attempts,
 }))
 """
@@ -74,7 +75,7 @@ def test_importing_every_module_loads_no_beam_or_fastavro():
 def test_patterns_catch_what_they_should():
     """Self-test of the regexes, so the scans below cannot pass vacuously."""
     for bad in ("import apache_beam as beam", "from apache_beam.io import ReadFromText",
-                "import fastavro", "  from fastavro import reader"):
+                "import fastavro", "  from fastavro import reader", "import sqlite3"):
         assert FORBIDDEN_IMPORT.search(bad), bad
     for bad in ("np.random.seed(0)", "x = np.random.rand(3)", "numpy.random.choice(5, 2)",
                 "np.random.binomial (10, .5)", "np.random.uniform(-1, 1)", "np.random.randint(3)",
@@ -101,9 +102,9 @@ def test_source_uses_no_global_numpy_random_state(path):
 def test_the_command_imports_scipy_only_when_a_formula_needs_it():
     """``kvldp.mechanisms.special`` defers ``scipy.special`` (0.18 s of every
     command's start) to the first post-processing formula, which then works."""
-    probe = ("import sys\nfrom kvldp.pipelines import cli\n"
+    probe = ("import sys\nfrom kvldp.cli import commands\n"
              "before = sorted(m for m in sys.modules if m.split('.')[0] == 'scipy')\n"
-             "from kvldp.mechanisms import intervals, special\n"
+             "from kvldp.mechanisms import special\nfrom kvldp.mechanisms.estimation import intervals\n"
              "print(before == [], round(intervals.critical_deviance(0.95), 4), special.ndtr(0.0),\n"
              "      'scipy.special' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

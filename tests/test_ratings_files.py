@@ -145,9 +145,9 @@ def test_users_are_grouped_and_sorted_as_np_unique_does(users):
     """Each row's user is its distinct id, and sorted, the ids and the rows'
     indices are those of np.unique (code point order); shards are
     ``stable_shard``'s, read from the UTF-8 bytes."""
+    from kvldp.transforms.rating_files import id_column
     from kvldp.transforms.ratings import (
         distinct_users,
-        id_column,
         sorted_distinct_users,
         stable_shard,
         user_parts,

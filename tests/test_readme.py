@@ -1,7 +1,9 @@
-"""Every ``kvldp`` command of the README runs (issue 16: the README's
-``--alpha`` example failed, its Clothing sweep needed 11 GB per cell).
+"""Every ``kvldp`` command of the README and of the docs pages runs (issue 16:
+the README's ``--alpha`` example failed, its Clothing sweep needed 11 GB per
+cell; issue 41 moved most commands into ``docs/``).
 
-The commands are read from the README's ``bash`` blocks, in order and in
+The commands are read from the ``bash`` blocks of the README and of
+``COMMAND_PAGES``, in order and in
 one working directory (later commands read what earlier ones wrote), and
 run as printed except for their sizes: users, repeats and epsilons are cut
 so the whole README runs in about a minute. The streaming demo needs a
@@ -21,12 +23,15 @@ from kvldp.cli import commands as cli
 
 ROOT = Path(__file__).resolve().parents[1]
 STREAMING = ("stream", "publish")
+# The README, then the docs pages its commands moved to (issue 41), read in this order.
+COMMAND_PAGES = ("README.md", "docs/commands.md", "docs/streaming.md", "docs/longitudinal.md")
 
 
 def readme_commands() -> list[str]:
-    """The ``kvldp`` command lines of the README's bash blocks (continuations
-    joined, comments dropped, ``a && b`` split), in order."""
-    text = (ROOT / "README.md").read_text()
+    """The ``kvldp`` command lines of the bash blocks of the README and of the
+    docs pages that hold commands (``COMMAND_PAGES``; continuations joined,
+    comments dropped, ``a && b`` split), in order."""
+    text = "\n".join((ROOT / page).read_text() for page in COMMAND_PAGES)
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         for raw in block.replace("\\\n", " ").splitlines():

@@ -95,7 +95,7 @@ def test_later_rounds_read_the_recipes_and_a_loaded_dataset_keeps_its_users():
     for r in (2, 3):
         # the recipes come through the previous round's going-on state, so a stopped protocol makes no users
         assert main_input(f"Protocol/Round{r}/Perturb") == f"Protocol/Round{r}/Items", r
-        assert main_input(f"Protocol/Round{r}/Recipes").startswith(f"Protocol/Round{r - 1}/Calibrate"), r
+        assert main_input(f"Protocol/Round{r}/Recipes").startswith(f"Protocol/Round{r - 1}/Collect/Calibrate"), r
         assert any(origin.startswith("BatchSpecs/") for origin in side_inputs(f"Protocol/Round{r}/Recipes")), r
     loaded = InMemoryDataset("loaded", UserBatch.single_pair(np.arange(4) % 2, np.zeros(4)), ["a", "b"])
     assert sources.user_source(beam.Pipeline(), config, loaded).recipes is None
@@ -139,7 +139,7 @@ def test_privkvm_graph_is_three_stages_linked_by_side_inputs():
     names = {t.unique_name: t for t in api.components.transforms.values()}
     producer = {pc: name for name, t in names.items() if not t.subtransforms for pc in t.outputs.values()}
     for r in (1, 2, 3):
-        for step in ("Perturb", "Accumulate", "Calibrate"):
+        for step in ("Perturb", "Collect/Accumulate", "Collect/Calibrate"):
             assert any(n.endswith(f"Round{r}/{step}") for n in names), (r, step)
     for r in (2, 3):
         perturb = next(t for n, t in names.items() if n.endswith(f"Round{r}/Perturb"))
@@ -147,7 +147,7 @@ def test_privkvm_graph_is_three_stages_linked_by_side_inputs():
         assert side, f"Round{r}/Perturb has no side input"
         # the side input is (a view of) the previous round's calibrated state
         origins = {producer[pc] for pc in side}
-        assert any(f"Round{r - 1}/Calibrate" in o for o in origins), origins
+        assert any(f"Round{r - 1}/Collect/Calibrate" in o for o in origins), origins
 
 
 def test_simulate_prints_rounds_and_budget(tmp_path, capsys):

@@ -13,9 +13,10 @@ import pytest
 
 from kvldp.mechanisms.base import UserBatch
 from kvldp.runtime import jobs as runner
+from kvldp.runtime import tally
 from kvldp.runtime.jobs import make_pipeline, scratch_scope, spill_directory
-from kvldp.transforms import tally
-from kvldp.transforms.ratings import DEAD_LETTER, ReadRatings, ScanRatings
+from kvldp.transforms.rating_files import DEAD_LETTER
+from kvldp.transforms.ratings import ReadRatings, ScanRatings
 from kvldp.transforms.spill import SPILLED_BYTES, SPILLED_FILES, SpilledGroupByKey, SpilledValues
 
 

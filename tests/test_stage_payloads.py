@@ -30,7 +30,8 @@ from kvldp.schemas.estimate_table import EstimateTable
 from kvldp.transforms import coders as kvldp_coders
 from kvldp.transforms.coders import ArrayPayloadCoder, ArrowArray, NDArray, UserBatchCoder
 from kvldp.transforms.io import ReadReports
-from kvldp.transforms.ratings import RatingChunk, ReadRatings
+from kvldp.transforms.rating_files import RatingChunk
+from kvldp.transforms.ratings import ReadRatings
 
 
 def _state(d: int, n: int = 5_000, seed: int = 1) -> ProtocolState:
@@ -82,8 +83,8 @@ def test_every_array_payload_of_the_simulation_is_declared_for_the_coder():
             typed.extend((node.full_label, out.element_type) for out in node.outputs.values())
 
     p.visit(Types())
-    wanted = {"Protocol/Round1/Perturb": Reports, "Protocol/Round1/Accumulate": NDArray,
-              "Protocol/Round1/Calibrate": ProtocolState, "Estimates": Estimates, "ToTable": EstimateTable,
+    wanted = {"Protocol/Round1/Perturb": Reports, "Protocol/Round1/Collect/Accumulate": NDArray,
+              "Protocol/Round1/Collect/Calibrate": ProtocolState, "Estimates": Estimates, "ToTable": EstimateTable,
               "SumTruth": NDArray}
     for label, kind in wanted.items():
         found = [t for name, t in typed if name == label or name.startswith(label + "/")]

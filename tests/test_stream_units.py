@@ -17,6 +17,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 from kvldp.cli.units import parse_duration, parse_instant_ms, pubsub_path
 from kvldp.mechanisms import registry
+from kvldp.runtime.tally import forget, tally
 from kvldp.schemas import envelope
 from kvldp.transforms.stream_rounds import ChainRoundsFn
 from kvldp.transforms.stream_sinks import DEAD_LETTER_FILES_WRITTEN, _WriteDeadLetterFn, pane_bytes, pane_records
@@ -32,7 +33,6 @@ from kvldp.transforms.streaming import (
     expected_rounds,
     keep_open_windows,
 )
-from kvldp.transforms.tally import forget, tally
 
 MECH = registry.make("pckv-grr", 6, 2.0)
 CONFIG = dict(MECH.config())

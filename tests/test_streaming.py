@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from kvldp.cli import commands as cli
-from kvldp.pipelines import publish, stream
+from kvldp.pipelines import publish, stream, stream_job
 from kvldp.plots.tables import read_estimates
 from kvldp.schemas import envelope
 from kvldp.transforms.streaming import DEAD_LETTERS_EMITTED
@@ -63,7 +63,7 @@ def stream_argv(mechanism, epsilon, sub, out: Path, window_s: float, *extra) -> 
 
 def run_stream(argv) -> dict:
     _, config, beam_args = cli.configure(argv)
-    return stream.run(config, beam_args)
+    return stream_job.run(config, beam_args)
 
 
 def run_publish(argv) -> dict:
@@ -288,7 +288,7 @@ def test_sigint_drains_early_panes_and_exits_0(pubsub, tmp_path):  # noqa: F811
 
 
 def test_the_direct_runners_streaming_metrics_are_still_stale(pubsub):  # noqa: F811
-    """Why ``transforms/tally.py`` exists: Beam's streaming DirectRunner
+    """Why ``runtime/tally.py`` exists: Beam's streaming DirectRunner
     commits a ParDo's metrics for its first bundle only. When this fails,
     Beam has fixed it: read Beam's metrics and drop the tally."""
     import apache_beam as beam
@@ -296,8 +296,8 @@ def test_the_direct_runners_streaming_metrics_are_still_stale(pubsub):  # noqa: 
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from kvldp.runtime.jobs import counters
+    from kvldp.runtime.tally import JobCounter, forget, tally
     from kvldp.transforms.direct_pubsub import responsive_pulls
-    from kvldp.transforms.tally import JobCounter, forget, tally
 
     class Count(beam.DoFn):
         def __init__(self):
@@ -429,14 +429,14 @@ def test_the_job_stops_only_once_every_pane_is_published(tmp_path):
                                   "--subscription", "projects/proj-a/subscriptions/reports", "--window", "4s",
                                   "--output-dir", str(tmp_path), "--output-topic", "projects/proj-a/topics/panes",
                                   "--broadcast-topic", "projects/proj-a/topics/broadcasts"])
-    monitor = stream.Monitor(None, config, "job", in_process=True)
+    monitor = stream_job.Monitor(None, config, "job", in_process=True)
     stats = {"panes_emitted": 6, "pane_files_written": 6, "rounds_finalized": 2, "round_files_written": 2,
              stream.PANES_PUBLISHED: 5, stream.BROADCASTS_PUBLISHED: 2}
     assert not monitor._written_all(stats)
     assert monitor._written_all({**stats, stream.PANES_PUBLISHED: 6})
     assert not monitor._written_all({**stats, stream.PANES_PUBLISHED: 6, stream.BROADCASTS_PUBLISHED: 1})
     files_only = dataclasses.replace(config, output_topic=None, broadcast_topic=None)
-    assert stream.Monitor(None, files_only, "job", in_process=True)._written_all(stats)
+    assert stream_job.Monitor(None, files_only, "job", in_process=True)._written_all(stats)
 
 
 def test_the_job_stops_only_once_every_dead_letter_is_written_and_published(tmp_path):
@@ -449,16 +449,16 @@ def test_the_job_stops_only_once_every_dead_letter_is_written_and_published(tmp_
                                   "--subscription", "projects/proj-a/subscriptions/reports", "--window", "4s",
                                   "--output-dir", str(tmp_path / "panes"), "--dead-letter-dir",
                                   str(tmp_path / "dead"), "--dead-letter-topic", "projects/proj-a/topics/dead"])
-    monitor = stream.Monitor(None, config, "job", in_process=True)
-    done = {"panes_emitted": 0, DEAD_LETTERS_EMITTED: 3, stream.DEAD_LETTER_FILES_WRITTEN: 3,
+    monitor = stream_job.Monitor(None, config, "job", in_process=True)
+    done = {"panes_emitted": 0, DEAD_LETTERS_EMITTED: 3, stream_job.DEAD_LETTER_FILES_WRITTEN: 3,
             stream.DEAD_LETTERS_PUBLISHED: 3}
     assert monitor._written_all(done)
-    assert not monitor._written_all({**done, stream.DEAD_LETTER_FILES_WRITTEN: 2})
+    assert not monitor._written_all({**done, stream_job.DEAD_LETTER_FILES_WRITTEN: 2})
     assert not monitor._written_all({**done, stream.DEAD_LETTERS_PUBLISHED: 2})
     assert monitor._unwritten({**done, stream.DEAD_LETTERS_PUBLISHED: 1}) == ["2 of 3 dead-letter messages"]
     topic_only = dataclasses.replace(config, dead_letter_dir=None)
-    assert stream.Monitor(None, topic_only, "job", in_process=True)._written_all(
-        {**done, stream.DEAD_LETTER_FILES_WRITTEN: 0})
+    assert stream_job.Monitor(None, topic_only, "job", in_process=True)._written_all(
+        {**done, stream_job.DEAD_LETTER_FILES_WRITTEN: 0})
 
 
 def test_bench_stream_measures_throughput_and_latency(pubsub, tmp_path, capsys):  # noqa: F811

@@ -18,10 +18,11 @@ from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.privacy.randomness import batch_rng
 from kvldp.pipelines.graphs import collect_graph
 from kvldp.runtime.jobs import counters
-from kvldp.transforms.accumulate import Accumulate, Calibrate, RoundCombineFn
+from kvldp.transforms.collector import COUNTS, CollectStep, RoundCombineFn
 from kvldp.transforms.io import WriteEstimates
 from kvldp.transforms.perturb import Perturb, PerturbFn
-from kvldp.transforms.ratings import DEAD_LETTER, ReadRatings
+from kvldp.transforms.rating_files import DEAD_LETTER
+from kvldp.transforms.ratings import ReadRatings
 
 
 def _matches(expected: np.ndarray):
@@ -41,7 +42,7 @@ def test_pipeline_counts_equal_local_runner(name):
     specs = list(reversed(data.specs(7_000)))   # a different element order
     with beam.Pipeline(runner=FnApiRunner()) as p:
         counts = (p | beam.Create(specs) | beam.Reshuffle() | beam.MapTuple(data.batch)
-                  | Perturb(mech, seed=9) | Accumulate(mech, fanout=3))
+                  | Perturb(mech, seed=9) | CollectStep(mech, fanout=3))[COUNTS]
         assert_that(counts, _matches(local.counts))
 
 
@@ -82,14 +83,14 @@ def test_windowed_accumulation():
         counts = (p | beam.Create(specs) | beam.MapTuple(data.batch)
                   | beam.Map(lambda b: window.TimestampedValue(b, 10.0 * (b.batch_id // 2)))
                   | beam.WindowInto(window.FixedWindows(10))
-                  | Perturb(mech, seed=1) | Accumulate(mech, windowed=True)
-                  | beam.Map(lambda c: int(c[0])))
+                  | Perturb(mech, seed=1) | CollectStep(mech, per_window=True))[COUNTS] \
+            | beam.Map(lambda c: int(c[0]))
         assert_that(counts, lambda got: _assert(sorted(got) == [2_000, 2_000], got))
 
 
 
 def test_windowed_calibration_equals_the_local_estimates_of_each_window():
-    """Accumulate | Calibrate per fixed window: each window's Estimates are
+    """The collector's step per fixed window: each window's Estimates are
     exactly the local runner's over that window's batches."""
     from apache_beam.transforms import window
 
@@ -107,7 +108,7 @@ def test_windowed_calibration_equals_the_local_estimates_of_each_window():
         est = (p | beam.Create(data.specs(1_000)) | beam.MapTuple(data.batch)
                | beam.Map(lambda b: window.TimestampedValue(b, 10.0 * (b.batch_id // 2)))
                | beam.WindowInto(window.FixedWindows(10))
-               | Perturb(mech, seed=1) | Accumulate(mech, windowed=True) | Calibrate(mech))
+               | Perturb(mech, seed=1) | CollectStep(mech, per_window=True))["state"] | beam.Map(mech.estimates)
         assert_that(est, lambda got: _assert(
             sorted(sum(np.array_equal(e.frequency, x) for e in got) for x in expected) == [1, 1], got))
 
@@ -165,7 +166,7 @@ def test_read_ratings_batches_do_not_depend_on_row_order(tmp_path):
     for f in (a, b):
         with beam.Pipeline(runner=FnApiRunner()) as p:
             counts = (p | ReadRatings(str(f), (1, 5), [str(k) for k in range(8)], shards=4))["users"]
-            got.append(counts | Perturb(mech, seed=7) | Accumulate(mech)
+            got.append((counts | Perturb(mech, seed=7) | CollectStep(mech))[COUNTS]
                        | beam.Map(lambda c, path=str(tmp_path / f"{f.stem}.npy"): np.save(path, c)))
     assert np.array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))
 
@@ -238,13 +239,13 @@ def test_streaming_windows_and_early_firings():
     batches = [data.batch(*s) for s in data.specs(1_000)]
     with beam.Pipeline(runner="DirectRunner", options=PipelineOptions(["--streaming"])) as p:
         counts = (p | _stream_of(batches) | beam.WindowInto(window.FixedWindows(20))
-                  | Perturb(mech, seed=1) | Accumulate(mech, windowed=True) | beam.Map(lambda c: int(c[0])))
+                  | Perturb(mech, seed=1) | CollectStep(mech, per_window=True))[COUNTS] | beam.Map(lambda c: int(c[0]))
         assert_that(counts, lambda got: _assert(sorted(got) == [2_000, 2_000], got))
     with beam.Pipeline(runner="DirectRunner", options=PipelineOptions(["--streaming"])) as p:
         panes = (p | _stream_of(batches)
                  | beam.WindowInto(window.GlobalWindows(),
                                    trigger=trigger.Repeatedly(trigger.AfterCount(1)),
                                    accumulation_mode=trigger.AccumulationMode.ACCUMULATING)
-                 | Perturb(mech, seed=1) | Accumulate(mech, windowed=True) | beam.Map(lambda c: int(c[0])))
+                 | Perturb(mech, seed=1) | CollectStep(mech, per_window=True))[COUNTS] | beam.Map(lambda c: int(c[0]))
         # each firing reports the running total of users seen so far
         assert_that(panes, lambda got: _assert(len(got) >= 2 and max(got) == 4_000 and min(got) >= 1_000, got))

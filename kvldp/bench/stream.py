@@ -35,7 +35,9 @@ import time
 from pathlib import Path
 
 from kvldp.brokers import kafka as kafka_admin
-from kvldp.pipelines import publish, split, stream
+from kvldp.cli import perturb as perturb_flags
+from kvldp.cli import stream as stream_flags
+from kvldp.pipelines import publish, split, stream, stream_job
 from kvldp.plots.tables import read_estimates
 
 BENCH_WINDOW_S = 1_000_000_000
@@ -70,7 +72,7 @@ class StreamBenchConfig:
 
 def _perturb(config: StreamBenchConfig, name: str, users: int, seed: int) -> list[tuple[int, str]]:
     prefix = Path(config.out) / name / "R.avro"
-    perturb, args = _configured(split.add_perturb_arguments, split.PerturbConfig, [
+    perturb, args = _configured(perturb_flags.add_arguments, split.PerturbConfig, [
         "--mechanism", config.mechanism, "--epsilon", str(config.epsilon), "--keys", str(config.keys),
         "--users", str(users), "--batch-size", str(config.batch_size), "--seed", str(seed),
         "--dataset", "synthetic-uu", "--output", str(prefix), "--overwrite"])
@@ -138,9 +140,9 @@ def run(config: StreamBenchConfig, beam_args) -> dict:
     argv = ["--mechanism", config.mechanism, "--epsilon", str(config.epsilon), "--keys", str(config.keys),
             *source_args, "--window", f"{BENCH_WINDOW_S}s", "--early-every", f"{config.early_every:g}s",
             "--output-dir", str(panes), "--dead-letter-dir", str(panes / "dead")]
-    stream_config, stream_args = _configured(stream.add_arguments, stream.StreamConfig, argv + list(beam_args))
+    stream_config, stream_args = _configured(stream_flags.add_arguments, stream.StreamConfig, argv + list(beam_args))
     submitted = time.time()
-    started = stream.start(stream_config, stream_args)
+    started = stream_job.start(stream_config, stream_args)
     watch = PaneWatch(panes)
     try:
         first_read = accepted_all = pane_all = None

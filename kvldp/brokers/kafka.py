@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from kvldp.cli import extras
+from kvldp.runtime import extras
 
 PROBE_TIMEOUT_S = 10.0
 START_HINT = "start one with `deploy/kafka/kafka.sh start --port PORT`"

@@ -9,11 +9,20 @@ import sys
 from collections.abc import Callable
 
 from kvldp.bench import command as bench
-from kvldp.cli import console, failures
+from kvldp.cli import advise as advise_flags
+from kvldp.cli import bench as bench_flags
+from kvldp.cli import collect as collect_flags
+from kvldp.cli import evaluate as evaluate_flags
+from kvldp.cli import perturb as perturb_flags
+from kvldp.cli import publish as publish_flags
+from kvldp.cli import query as query_flags
+from kvldp.cli import seed as seed_flags
+from kvldp.cli import simulate as simulate_flags
+from kvldp.cli import stream as stream_flags
 from kvldp.cli.flags import check_beam_args
-from kvldp.pipelines import advise, evaluate, publish, query, run_seed, simulate, split, stream, sweep
+from kvldp.pipelines import advise, evaluate, publish, query, run_seed, simulate, split, stream, stream_job, sweep
+from kvldp.runtime import console, failures, local_runner, portable, tweaks
 from kvldp.runtime import jobs as runner
-from kvldp.runtime import local_runner, portable, tweaks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,25 +37,25 @@ class Command:
 
 
 COMMANDS = {
-    "simulate": Command(simulate.add_arguments, simulate.SimulateConfig, simulate.run,
+    "simulate": Command(simulate_flags.add_arguments, simulate.SimulateConfig, simulate.run,
                         "generate or read ratings, perturb, aggregate and calibrate in one pipeline"),
-    "perturb": Command(split.add_perturb_arguments, split.PerturbConfig, split.run_perturb,
+    "perturb": Command(perturb_flags.add_arguments, split.PerturbConfig, split.run_perturb,
                        "client/ingest side: ratings -> randomised reports (Avro)"),
-    "collect": Command(split.add_collect_arguments, split.CollectConfig, split.run_collect,
+    "collect": Command(collect_flags.add_arguments, split.CollectConfig, split.run_collect,
                        "collector side: reports -> calibrated estimates"),
-    "publish": Command(publish.add_arguments, publish.PublishConfig, publish.run,
+    "publish": Command(publish_flags.add_arguments, publish.PublishConfig, publish.run,
                        "device side in a box: perturb as perturb does, publish report batches to Pub/Sub"),
-    "stream": Command(stream.add_arguments, stream.StreamConfig, stream.run,
+    "stream": Command(stream_flags.add_arguments, stream.StreamConfig, stream_job.run,
                       "continuous collector: Pub/Sub reports -> estimates per event-time window and pane"),
-    "query": Command(query.add_arguments, query.QueryConfig, query.run,
+    "query": Command(query_flags.add_arguments, query.QueryConfig, query.run,
                      "IOH: conditional frequency and mean from a counts file"),
-    "evaluate": Command(evaluate.add_arguments, evaluate.EvaluateConfig, evaluate.run,
+    "evaluate": Command(evaluate_flags.add_arguments, evaluate.EvaluateConfig, evaluate.run,
                         "sweep mechanisms x epsilons x repeats; results.csv + PNGs"),
-    "advise": Command(advise.add_arguments, advise.AdviseConfig, advise.run,
+    "advise": Command(advise_flags.add_arguments, advise.AdviseConfig, advise.run,
                       "which mechanism for n, d, epsilon (and l), with expected errors"),
-    "bench": Command(bench.add_arguments, bench.BenchConfig, bench.run,
+    "bench": Command(bench_flags.add_arguments, bench.BenchConfig, bench.run,
                      "users/second of the Beam pipeline vs the NumPy runner"),
-    "seed": Command(run_seed.add_seed_command_arguments, run_seed.SeedConfig, run_seed.run_seed_command,
+    "seed": Command(seed_flags.add_arguments, run_seed.SeedConfig, run_seed.run_seed_command,
                     "write a fresh secret run seed to a file for --seed-file (mode 600)"),
 }
 

@@ -14,6 +14,7 @@ from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import validated_domain
 from kvldp.mechanisms.kv.longitudinal import SUPPORTED, LongitudinalOptions, longitudinal
 from kvldp.mechanisms.params import AUTO
+from kvldp.mechanisms.privacy.accountant import LongitudinalBudget, exact
 from kvldp.pipelines.sources import DataConfig, key_frequencies
 
 AUTO_PADDING = AUTO
@@ -84,12 +85,11 @@ class MechanismConfig:
             lon = self.longitudinal
             if self.name not in SUPPORTED:
                 raise ValueError(f"--longitudinal is implemented for {', '.join(SUPPORTED)}, not {self.name}")
-            if lon.eps_inf is not None and abs(lon.eps_inf - self.epsilon) > 1e-12 * self.epsilon:
+            if lon.eps_inf is not None and exact(lon.eps_inf) != exact(self.epsilon):
                 raise ValueError(f"--eps-inf {lon.eps_inf:g} differs from --epsilon {self.epsilon:g}: in the "
                                  "longitudinal mode --epsilon is eps_inf, the budget of any number of reports "
                                  "of one state")
-            if lon.eps_1 is not None and lon.eps_1 > self.epsilon * (1 + 1e-12):
-                raise ValueError(f"--eps-1 {lon.eps_1:g} exceeds eps_inf {self.epsilon:g}")
+            LongitudinalBudget(self.epsilon, lon.eps_1)
         unknown = set(self.options) - set(mechanism_flags())
         if unknown:
             raise ValueError(f"no mechanism option {sorted(unknown)}")

@@ -17,10 +17,9 @@ import sys
 
 from kvldp.cli import commands as cli
 from kvldp.cli.flags import job_flags, mechanism_flags
-from kvldp.cli.units import DURATION_PATTERN, parse_duration
+from kvldp.cli.units import DURATION_PATTERN, parse_duration, positive_int
 from kvldp.mechanisms.kv.longitudinal import LongitudinalOptions
 from kvldp.mechanisms.params import floats, whole_or_auto
-from kvldp.pipelines.sources import positive_int
 
 COMMAND = "collect"
 TEMPLATES = {

@@ -91,3 +91,25 @@ def path_arg(text: str) -> str:
     if "://" in text:
         return text
     return os.path.abspath(os.path.expanduser(text))
+
+
+def fraction(text: str) -> float:
+    """A share in [0, 1], as an argparse ``type``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value:g}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A whole number >= 1, as an argparse ``type``."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value

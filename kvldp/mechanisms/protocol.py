@@ -44,7 +44,7 @@ import numpy as np
 
 from kvldp.mechanisms.base import Estimates, ReportBatch, Reports, UserBatch, validated_domain
 from kvldp.mechanisms.params import NoOptions, Options
-from kvldp.mechanisms.privacy.budget import BudgetLedger, Share
+from kvldp.mechanisms.privacy.accountant import Accountant, LongitudinalBudget, Share
 from kvldp.mechanisms.privacy.randomness import STREAM_GROUP, batch_rng
 
 
@@ -140,7 +140,7 @@ class Protocol(abc.ABC):
     d: int
     epsilon: float
     max_rounds: int
-    ledger: BudgetLedger
+    ledger: Accountant
 
     # Disjoint user groups (shares summing to 1) and the group of each round;
     # None: every user takes part in every round.
@@ -273,7 +273,11 @@ class Mechanism(Protocol):
 
     def __init__(self, d: int, epsilon: float):
         self.d, self.epsilon = validated_domain(d, epsilon)
-        self.ledger = BudgetLedger.of(self.epsilon, self.budget_shares())
+        self.ledger = Accountant.of(self.epsilon, self.budget_shares(), self.longitudinal_budget())
+
+    def longitudinal_budget(self) -> LongitudinalBudget | None:
+        """The two-layer pair of a longitudinal mechanism (``kv/longitudinal.py``); else none."""
+        return None
 
     def budget_shares(self) -> list[Share]:
         """How the report spends epsilon: the whole budget on the pair, unless

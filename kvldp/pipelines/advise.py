@@ -29,7 +29,6 @@ grows with ``l``. An explicit ``--padding`` is checked the same way.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 
@@ -55,7 +54,6 @@ from kvldp.pipelines.padding import (
     parse_set_sizes,
     warn_truncation,
 )
-from kvldp.pipelines.postprocessing import postprocess_arg
 from kvldp.pipelines.sources import DataConfig
 
 CANDIDATES = ("pckv-ue", "pckv-grr", "ks-ue")
@@ -183,24 +181,6 @@ def recommend_measured(out: dict, measured: list[dict]) -> dict:
               f"{out['recommendation']}")
     return {**out, "rule_recommendation": out["recommendation"], "rule_reason": out["reason"],
             "recommendation": best["mechanism"], "reason": reason, "measured": measured}
-
-
-def add_arguments(parser: argparse.ArgumentParser):
-    parser.add_argument("--epsilon", type=float, required=True, help="total privacy budget per user")
-    parser.add_argument("--padding", "-l", type=mechanism_args.parse_padding, default=None,
-                        help="l to check; 'auto' or omitted: chosen from the set sizes when given (else 1)")
-    parser.add_argument("--set-sizes", default=None,
-                        help="the users' set-size histogram as size:users, e.g. 1:500,2:300,3:200")
-    parser.add_argument("--coverage", type=float, default=DEFAULT_COVERAGE,
-                        help="the chosen l covers at least this share of the users (0.9, KSKV §4.3)")
-    parser.add_argument("--frequency", type=float, default=None, help="a key's frequency (default 1/d)")
-    parser.add_argument("--mean", type=float, default=0.0, help="a key's mean value (default 0)")
-    parser.add_argument("--postprocess", type=postprocess_arg, default=DEFAULT_POSTPROCESS.name,
-                        help="with --dataset (built in): the post-processing whose measured errors choose the "
-                             f"mechanism (default {DEFAULT_POSTPROCESS.name}; see simulate --postprocess)")
-    # n and d, or a dataset / ratings file to measure them and the set sizes from
-    sources.add_dataset_args(parser, default=None)
-    parser.set_defaults(users=None, keys=None)
 
 
 @dataclasses.dataclass(frozen=True)

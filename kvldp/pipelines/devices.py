@@ -8,7 +8,6 @@ beyond counts.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -16,40 +15,13 @@ import time
 
 from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions, StandardOptions
 
-from kvldp.cli.units import parse_duration, parse_instant_ms, path_arg
+from kvldp.cli.units import parse_duration
 from kvldp.mechanisms.kv.longitudinal import Longitudinal
-from kvldp.mechanisms.privacy.ledger import LedgerGate, Policy, PrivacyLedger
 from kvldp.mechanisms.privacy.memo import DeviceKeys
+from kvldp.storage.ledger import LedgerGate, Policy, PrivacyLedger
 
 DEFAULT_PERIOD = "30d"
 IN_PROCESS_RUNNERS = (None, "DirectRunner", "FnApiRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
-
-
-def non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
-    return value
-
-
-def add_ledger_args(parser: argparse.ArgumentParser):
-    group = parser.add_argument_group(
-        "privacy ledger (perturbing side only; mechanisms/privacy/ledger.py)",
-        "Records what every user spent per collection; a user whose period budget a collection would exceed "
-        "sends nothing for it (counted in the run summary). Needs --collection-id (one per scheduled run) and "
-        "a persistent seed (--seed-file or $KVLDP_SEED).")
-    group.add_argument("--ledger", default=None, type=path_arg,
-                       help="the ledger's SQLite file (created with mode 600; never beside the reports)")
-    group.add_argument("--period-budget", type=non_negative, default=None,
-                       help="E: the most a user may spend over any --period (default: record, never refuse)")
-    group.add_argument("--period", type=parse_duration, default=parse_duration(DEFAULT_PERIOD),
-                       help=f"the window of --period-budget, e.g. 30d, 12h (default {DEFAULT_PERIOD})")
-    group.add_argument("--collection-time", type=parse_instant_ms, default=None,
-                       help="when this collection happens: 'now' (default), ms since the epoch or ISO-8601 "
-                            "(a schedule's nominal time)")
 
 
 @dataclasses.dataclass(frozen=True)

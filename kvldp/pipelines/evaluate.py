@@ -28,13 +28,11 @@ gain of each post-processing over ``raw`` per mechanism and epsilon.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import csv
 import dataclasses
 import functools
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -65,51 +63,11 @@ FIELDS = ["mechanism", "epsilon", "repeat", "postprocess", "metric", "key_set", 
           "n_users"]
 
 
-class DeprecatedAlias(argparse.Action):
-    """An old flag name that still works, with a one-line note to use ``new``."""
-
-    def __init__(self, option_strings, dest, new: str, **kwargs):
-        super().__init__(option_strings, dest, **kwargs)
-        self.new = new
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print(f"kvldp: {option_string} is deprecated here, use {self.new} (it stays for one release)",
-              file=sys.stderr)
-        setattr(namespace, self.dest, values)
-
-
-def add_arguments(parser: argparse.ArgumentParser):
-    parser.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a paper's setup (overridable)")
-    parser.add_argument("--mechanisms", default=None, help="comma-separated, e.g. pckv-ue,pckv-grr,privkvm-vi")
-    parser.add_argument("--epsilons", default=None, help="comma-separated, e.g. 0.5,1,2,4,6")
-    parser.add_argument("--repeats", type=sources.positive_int, default=None,
-                        help="repeats per (mechanism, epsilon) (5)")
-    parser.add_argument("--out", required=True, help="folder for results.csv, runs/ and the figures")
-    parser.add_argument("--parallel", type=sources.positive_int, default=min(2, os.cpu_count() or 1),
-                        help="cells run at once, each in its own process")
-    parser.add_argument("--engine", choices=("beam", "numpy"), default="beam",
-                        help="run each cell as a Beam pipeline (default) or on the pure-NumPy local runner "
-                             "(same estimates, faster; built-in datasets only)")
-    parser.add_argument("--top-sets", dest="top_sets", default=None,
-                        help="top-t key sets to score, e.g. 20,50 (default 50); KS-GRR/KS-Adap use the largest as t")
-    # --top is KS's t in simulate/perturb/collect: here it was the top sets; kept one release, with a note
-    parser.add_argument("--top", dest="top_sets", action=DeprecatedAlias, new="--top-sets", help=argparse.SUPPRESS)
-    parser.add_argument("--postprocess", type=postprocess_list, default=None,
-                        help="post-processings to score, comma-separated, e.g. raw,norm-sub,base-cut,eb+shrink "
-                             f"(default raw,{DEFAULT_POSTPROCESS.name}); see simulate --postprocess")
-    mechanism_args.add_mechanism_args(parser, single=False)
-    mechanism_args.add_longitudinal_args(parser)
-    over_time.add_arguments(parser)
-    sources.add_dataset_args(parser)
-    sources.add_fast_rng_arg(parser)
-    parser.set_defaults(users=None, keys=None, dataset=None)     # so a preset can fill them
-
-
 DEFAULTS = {"users": 1_000_000, "keys": 100, "dataset": "synthetic-uu", "mechanisms": "pckv-ue,pckv-grr",
             "epsilons": "1,2,4", "repeats": 5, "top_sets": "50", "postprocess": (RAW, DEFAULT_POSTPROCESS.name)}
 
 
-def apply_preset(args) -> argparse.Namespace:
+def apply_preset(args):
     """The preset's values wherever the command line gave none, then defaults."""
     args = copy.copy(args)
     preset = PRESETS[args.preset] if args.preset else {}
@@ -464,4 +422,3 @@ def run(config: EvaluateConfig, beam_args) -> dict:
     for png in pngs:
         print(f"figure: {png}")
     return {"results": str(results), "figures": [str(p) for p in pngs], "ran": len(todo)}
-

@@ -15,11 +15,11 @@ from kvldp.mechanisms.kv.query import pattern_truth
 from kvldp.mechanisms.protocol import Protocol
 from kvldp.schemas.estimate_table import EstimateTable
 from kvldp.schemas.records import ioh_counts_record
-from kvldp.transforms.accumulate import ArraySumCombineFn
 from kvldp.transforms.coders import NDArray
-from kvldp.transforms.global_combine import CombineAll
+from kvldp.transforms.collector import CollectStep
+from kvldp.transforms.global_combine import ArraySumCombineFn, CombineAll
 from kvldp.transforms.key_names import key_names_arg
-from kvldp.transforms.rounds import CollectRound, RunProtocol
+from kvldp.transforms.rounds import RunProtocol
 
 
 def to_table(est: Estimates, key_names: Sequence[str], truth=None, keys: Sequence[int] | None = None,
@@ -86,9 +86,9 @@ def simulate_graph(source, protocol: Protocol, seed: int, fanout: int | None = N
 def collect_graph(reports, protocol: Protocol, round_index: int, previous, key_names, fanout: int | None = None,
                   method: str = RAW, rating_range=None):
     """The collector's graph of one round: ``reports -> {"records", "state", "counts"}``."""
-    out = reports | f"CollectRound{round_index + 1}" >> CollectRound(protocol, round_index, previous, fanout)
+    out = reports | f"CollectRound{round_index + 1}" >> CollectStep(protocol, round_index, previous, fanout)
     return {"records": records_of(out["state"], protocol, key_names, method=method, rating_range=rating_range),
-            **out}
+            "state": out["state"], "counts": out["counts"]}
 
 
 def ioh_counts_file(counts, users, mechanism, key_names, path: str):

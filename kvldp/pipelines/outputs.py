@@ -20,13 +20,6 @@ import secrets
 
 from apache_beam.io.filesystems import FileSystems
 
-OVERWRITE_HELP = ("replace outputs an earlier run left at the paths given (by default an existing output is "
-                  "refused, before any compute)")
-
-
-def add_overwrite_arg(parser) -> None:
-    parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
-
 
 def run_id() -> str:
     """``20261128T101502Z-3fa1``: when this run started (UTC), and four random

@@ -188,23 +188,6 @@ FIELDS = ["mechanism", "epsilon", "mode", "repeat", "collection", "metric", "key
           "dataset", "n_users"]
 
 
-def add_arguments(parser):
-    group = parser.add_argument_group(
-        "repeated collections (--collections T; over_time.py)",
-        "T collections over the same users, a share --churn of them re-rating between collections; per "
-        "collection MSE and each user's cumulative privacy loss for --modes. Runs on the NumPy runner.")
-    group.add_argument("--collections", type=sources.positive_int, default=None, help="T collections (e.g. 30)")
-    group.add_argument("--churn", type=sources.fraction, default=None,
-                       help="share of users taking new ratings before each collection (default 0.1)")
-    group.add_argument("--modes", default=None,
-                       help=f"comma-separated, of {', '.join(MODES)} (default: all; two-layer and fresh-eps1 need "
-                            "--eps-1)")
-    group.add_argument("--period-budget", type=float, default=None,
-                       help="each user's budget over --period (default: none; a user over it sits collections out)")
-    group.add_argument("--period", default=None,
-                       help="the window of --period-budget, as a duration (collections are a day apart; default 30d)")
-
-
 def cell_name(cell) -> str:
     name, eps, mode, repeat = cell
     return f"{name}_eps{eps:g}_{mode}_r{repeat}"

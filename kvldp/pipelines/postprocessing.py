@@ -6,12 +6,6 @@ import argparse
 
 from kvldp.mechanisms.estimation import postprocess as pp
 
-HELP = ("post-processing of the calibrated estimates, FREQ[+shrink]: FREQ one of raw (the paper's estimator, "
-        "clipped: the mechanism's own output), eb (empirical Bayes), norm-sub, project, base-cut (Wang et al.'s "
-        "consistency); +shrink shrinks the means towards the pooled mean by empirical Bayes; 'shrink' alone "
-        "keeps the paper's frequencies. Every choice but raw writes likelihood-ratio 95 %% intervals "
-        "(*_lo, *_hi) that cover each key's truth whatever the post-processing did. Default: "
-        f"{pp.DEFAULT.name} (README, 'Post-processing')")
 PATTERN = r"^((raw|eb|norm-sub|project|base-cut)(\+shrink)?|shrink)$"
 
 
@@ -32,8 +26,3 @@ def postprocess_list(text: str) -> tuple[str, ...]:
     if not names:
         raise argparse.ArgumentTypeError("--postprocess needs at least one post-processing")
     return tuple(dict.fromkeys(names))
-
-
-def add_postprocess_arg(parser):
-    parser.add_argument("--postprocess", type=postprocess_arg, default=pp.DEFAULT.name, metavar="FREQ[+shrink]",
-                        help=HELP)

@@ -14,7 +14,6 @@ moment they received it.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import io
 import os
@@ -27,43 +26,11 @@ from apache_beam.io.filesystems import FileSystems
 
 from kvldp.brokers import kafka as kafka_admin
 from kvldp.brokers.pubsub import PubSubSink, check_reachable, ensure_subscription, ensure_topic
-from kvldp.cli import extras
-from kvldp.cli.units import parse_duration, parse_instant_ms, pubsub_path
 from kvldp.mechanisms.privacy.randomness import fresh_seed
 from kvldp.pipelines import split
 from kvldp.pipelines.split import PerturbConfig
+from kvldp.runtime import extras
 from kvldp.schemas import envelope
-
-
-def add_arguments(parser: argparse.ArgumentParser):
-    split.add_perturb_arguments(parser, output_required=False)
-    pub = parser.add_argument_group("publishing (to Pub/Sub: --topic; to Kafka: --kafka-bootstrap and --kafka-topic)")
-    pub.add_argument("--topic", default=None, type=pubsub_path("topics"),
-                     help="projects/PROJECT/topics/TOPIC (with PUBSUB_EMULATOR_HOST set: the emulator's)")
-    pub.add_argument("--kafka-bootstrap", default=None, type=kafka_admin.bootstrap_arg,
-                     help="HOST:PORT of a Kafka broker (deploy/kafka/kafka.sh start): publish there instead")
-    pub.add_argument("--kafka-topic", default=None, type=kafka_admin.topic_arg,
-                     help="the Kafka topic the report batches go to (one record per batch)")
-    pub.add_argument("--kafka-partitions", default=2, type=int,
-                     help="partitions of a Kafka topic made by --create-topic (default 2: a collector on Flink "
-                          "reads one per task)")
-    pub.add_argument("--create-topic", action="store_true",
-                     help="create --topic (or --kafka-topic) if it does not exist")
-    pub.add_argument("--rate", type=float, default=None, help="batches (messages) per second; default: at once")
-    pub.add_argument("--event-time", type=parse_instant_ms, default="now",
-                     help="event time of the first batch: now, ms since the epoch or ISO-8601 (default now)")
-    pub.add_argument("--event-time-spread", type=parse_duration, default=0.0,
-                     help="spread the batches' event times evenly over this period, e.g. 3m (default 0)")
-    rounds = parser.add_argument_group("multi-round protocols against kvldp stream")
-    rounds.add_argument("--broadcast-subscription", type=pubsub_path("subscriptions"), default=None,
-                        help="where the collector's broadcasts arrive (stream --broadcast-topic)")
-    rounds.add_argument("--broadcast-topic", type=pubsub_path("topics"), default=None,
-                        help="create --broadcast-subscription on this topic before round 1 if missing")
-    rounds.add_argument("--broadcast-timeout", type=parse_duration, default=600.0,
-                        help="how long to wait for a round's broadcast (default 10m)")
-    rounds.add_argument("--window", type=parse_duration, default=None,
-                        help="the collector's window length (stream --window): each round's reports are stamped "
-                             "inside one window")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +217,23 @@ def run(config: PublishConfig, beam_args) -> dict:
                          "kvldp stream --broadcast-topic publishes each round's broadcast) and --window (the "
                          "collector's window length)")
     window_ms = round(config.window * 1000) if rounds > 1 else None
+    _prepare_destination(config, rounds)
+    perturb = _perturb_to_publish(perturb, rounds)
+    run_nonce = envelope.new_run()      # one per publish: every round's batches are this run's devices
+    first = _publish_round(config, perturb, beam_args, run_nonce, window_ms=window_ms)
+    out = {**first, "rounds": [first]}
+    if rounds == 1:
+        return out
+    cid = first["collection"].id
+    print(f"collection id {cid} (kvldp stream --collection-id {cid})", flush=True)
+    out["rounds"] += _later_rounds(config, perturb, beam_args, run_nonce, window_ms, rounds, cid)
+    return out
+
+
+def _prepare_destination(config: PublishConfig, rounds: int):
+    """Before any perturbing: the topic (Kafka or Pub/Sub) and the broadcast
+    subscription are there (made if asked), an earlier collection's
+    broadcasts dropped."""
     if config.kafka_topic:
         if kafka_admin.check_topic(config.kafka_bootstrap, config.kafka_topic, config.create_topic,
                                    config.kafka_partitions):
@@ -266,19 +250,26 @@ def run(config: PublishConfig, beam_args) -> dict:
         stale = discard_pending(config.broadcast_subscription)
         if stale:
             print(f"discarded {stale} broadcasts of an earlier collection on {config.broadcast_subscription}")
+
+
+def _perturb_to_publish(perturb: PerturbConfig, rounds: int) -> PerturbConfig:
+    """The perturbing, with its report files kept (by default under
+    ``./kvldp-published``) and, over several rounds, one seed for all."""
     if not perturb.output:          # the key dictionary and manifest are the collector's: keep them
         perturb = dataclasses.replace(perturb, output=os.path.abspath(os.path.join("kvldp-published",
                                                                                    "REPORTS.avro")))
     if rounds > 1 and perturb.data.seed is None:
         # every round must see the same users: one fresh secret seed for the whole collection
         perturb = dataclasses.replace(perturb, data=dataclasses.replace(perturb.data, seed=fresh_seed()))
-    run_nonce = envelope.new_run()      # one per publish: every round's batches are this run's devices
-    first = _publish_round(config, perturb, beam_args, run_nonce, window_ms=window_ms)
-    out = {**first, "rounds": [first]}
-    if rounds == 1:
-        return out
-    cid = first["collection"].id
-    print(f"collection id {cid} (kvldp stream --collection-id {cid})", flush=True)
+    return perturb
+
+
+def _later_rounds(config: PublishConfig, perturb: PerturbConfig, beam_args, run_nonce: str, window_ms: int,
+                  rounds: int, cid: str) -> list[dict]:
+    """Rounds 2 … ``rounds``: each waits for the collector's broadcast of the
+    round before, checks it, and perturbs and publishes with it; stops early
+    when the broadcast says the protocol has ended."""
+    done = []
     base = perturb.output[:-len(".avro")] if perturb.output.endswith(".avro") else perturb.output
     for r in range(2, rounds + 1):
         body, attrs = wait_for_broadcast(config.broadcast_subscription, r - 1, config.broadcast_timeout)
@@ -296,8 +287,8 @@ def run(config: PublishConfig, beam_args) -> dict:
             raise ValueError(f"the broadcast of round {r - 1} does not match its id {claimed}")
         this = dataclasses.replace(perturb, round=r, broadcast=path, collection_id=cid,
                                    output=f"{base}.round{r}.avro")
-        out["rounds"].append(_publish_round(config, this, beam_args, run_nonce, claimed, window_ms=window_ms))
-    return out
+        done.append(_publish_round(config, this, beam_args, run_nonce, claimed, window_ms=window_ms))
+    return done
 
 
 def fastavro_records(body: bytes) -> list[dict]:

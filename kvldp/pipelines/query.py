@@ -8,7 +8,6 @@ is printed next to the estimate.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 
@@ -16,7 +15,6 @@ import fastavro
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from kvldp.cli.units import path_arg
 from kvldp.mechanisms.kv.ioh import calibrate_cells
 from kvldp.mechanisms.kv.query import (
     CellTable,
@@ -99,15 +97,6 @@ def print_queries(counts_path: str, queries) -> list[dict]:
         out.append(answer(counts, target, given))
         print_answer(out[-1], counts.keys)
     return out
-
-
-def add_arguments(parser: argparse.ArgumentParser):
-    parser.add_argument("--counts", required=True, type=path_arg,
-                        help="IOH counts file (OUTPUT.counts.avro of simulate/collect)")
-    parser.add_argument("--target", required=True, help="the key asked about")
-    parser.add_argument("--given", default="", help="conditions KEY=1 (holds) / KEY=0 (does not), comma-separated")
-    parser.add_argument("--alpha", default=None, help="(alpha, beta) form: which keys are conditions, e.g. 101")
-    parser.add_argument("--beta", default=None, help="(alpha, beta) form: held (1) or not (0), e.g. 001")
 
 
 @dataclasses.dataclass(frozen=True)

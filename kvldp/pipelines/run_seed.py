@@ -109,10 +109,6 @@ def exposed_seed_warning(command: str) -> str:
             f"fresh from the OS CSPRNG.")
 
 
-def add_seed_command_arguments(parser):
-    parser.add_argument("path", help="file to create (refused if it exists), readable by its owner only")
-
-
 @dataclasses.dataclass(frozen=True)
 class SeedConfig:
     """``kvldp seed PATH``: where to write a fresh seed file."""

@@ -2,7 +2,6 @@
 (client side), aggregate and calibrate (collector side), print and write."""
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -12,7 +11,6 @@ import apache_beam as beam
 
 from kvldp.cli import mechanism_args
 from kvldp.cli.mechanism_args import MechanismConfig
-from kvldp.cli.units import path_arg
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.estimation.postprocess import DEFAULT as DEFAULT_POSTPROCESS
 from kvldp.mechanisms.privacy.randomness import noise_generator_name
@@ -20,7 +18,6 @@ from kvldp.mechanisms.protocol import Collection, no_count_draw
 from kvldp.pipelines import devices, outputs, sources
 from kvldp.pipelines.graphs import ioh_counts_file, protocol_summary, simulate_graph
 from kvldp.pipelines.padding import resolve_padding
-from kvldp.pipelines.postprocessing import add_postprocess_arg
 from kvldp.pipelines.query import print_queries
 from kvldp.pipelines.sources import DataConfig
 from kvldp.plots import tables as report
@@ -28,30 +25,6 @@ from kvldp.plots.tables import read_text
 from kvldp.runtime import jobs as runner
 from kvldp.transforms.io import WriteEstimates
 from kvldp.transforms.ratings import write_dead_letters
-
-
-def add_arguments(parser: argparse.ArgumentParser):
-    mechanism_args.add_mechanism_args(parser)
-    mechanism_args.add_longitudinal_args(parser)
-    sources.add_dataset_args(parser)
-    sources.add_fast_rng_arg(parser)
-    parser.add_argument("--output", default=None, type=path_arg,
-                        help="estimates file (.avro, .jsonl or .csv); default "
-                             "./estimates-MECHANISM-epsEPS.jsonl in the working directory (-2, -3, ... when "
-                             "an earlier run's is there)")
-    outputs.add_overwrite_arg(parser)
-    parser.add_argument("--rows", type=int, default=10, help="keys shown in the table")
-    parser.add_argument("--fanout", type=int, default=None,
-                        help="an intermediate combine level of this many partial sums (Beam's hot-key fanout), "
-                             "for very many report batches on a distributed runner")
-    parser.add_argument("--query", action="append", default=[],
-                        help='IOH: "target=KEY given KEY=1,KEY=0" (repeatable); prints estimate and truth')
-    parser.add_argument("--draw-counts", action="store_true",
-                        help="simulations only: draw each batch's collector counts from their exact distribution "
-                             "instead of making every user's report (the same distribution of estimates; no "
-                             f"report exists). Mechanisms: {', '.join(DRAWING)}")
-    add_postprocess_arg(parser)
-
 
 DRAWING = [name for name in registry.names() if registry.can_draw_counts(name)]
 

@@ -9,7 +9,6 @@ run exactly (batch ``b`` of round ``r`` always draws from ``(seed, b, r)``).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -22,7 +21,6 @@ from apache_beam.io.filesystems import FileSystems
 from kvldp import schemas
 from kvldp.cli import mechanism_args
 from kvldp.cli.mechanism_args import MechanismConfig
-from kvldp.cli.units import path_arg
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms.estimation.postprocess import DEFAULT as DEFAULT_POSTPROCESS
 from kvldp.mechanisms.params import AUTO
@@ -31,7 +29,6 @@ from kvldp.pipelines import devices, manifest, outputs, run_seed, sources
 from kvldp.pipelines.devices import LedgerConfig
 from kvldp.pipelines.graphs import collect_graph, ioh_counts_file
 from kvldp.pipelines.padding import padding_from_reports, resolve_padding
-from kvldp.pipelines.postprocessing import add_postprocess_arg
 from kvldp.pipelines.sources import DataConfig
 from kvldp.plots import tables as report
 from kvldp.runtime import jobs as runner
@@ -52,38 +49,6 @@ DERIVED_DICTIONARY_WARNING = (
     "PREFIX.keys.txt for the collector, so it publishes every item id anyone rated (an item only one user "
     "rated tells the collector that someone did). For a real collection pass --key-dictionary with the "
     "public catalogue; items outside it go to the dead letter.")
-
-
-def add_round_arguments(parser: argparse.ArgumentParser):
-    rounds = parser.add_argument_group("multi-round protocols (privkvm, privkvm-vi, privkvm-plus, ks-grr, ks-adap)")
-    rounds.add_argument("--round", type=sources.positive_int, default=1, help="1-based round number")
-    rounds.add_argument("--broadcast", default=None, type=path_arg,
-                        help="the broadcast file written by the previous round's collect (rounds >= 2)")
-    return rounds
-
-
-def collection_id(text: str) -> str:
-    try:
-        return Collection(text.lower()).id
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def add_perturb_arguments(parser: argparse.ArgumentParser, output_required: bool = True):
-    mechanism_args.add_mechanism_args(parser)
-    mechanism_args.add_longitudinal_args(parser)
-    sources.add_dataset_args(parser)
-    add_round_arguments(parser).add_argument(
-        "--collection-id", type=collection_id, default=None,
-        help="32 hex digits naming this collection: it keys the users' group assignment (multi-round: round 1 "
-             "uses it, later rounds refuse a broadcast that carries another and by default take the "
-             "broadcast's), the longitudinal instantaneous layer's noise and the ledger's records; default: "
-             "derived from the run seed")
-    devices.add_ledger_args(parser)
-    parser.add_argument("--output", required=output_required, type=path_arg,
-                        help="REPORTS.avro: writes REPORTS-NNNNN.avro (one per batch) and REPORTS.keys.txt"
-                             + ("" if output_required else " (default: ./kvldp-published/REPORTS.avro)"))
-    outputs.add_overwrite_arg(parser)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,6 +227,16 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
     if failure:
         raise sources.TooManyRejected(f"{failure}; the reports under {prefix} are marked failed in "
                                       f"{manifest.manifest_path(prefix)} and collect refuses them")
+    print_perturbed(config, mechanism, key_names, written, dead_letter, state.collection.id)
+    ledger = devices.print_ledger_summary(gate)
+    return {"prefix": prefix, "stats": stats, "mechanism": mechanism, "collection": state.collection,
+            "ledger": ledger}
+
+
+def print_perturbed(config: PerturbConfig, mechanism, key_names, written: dict, dead_letter: str | None, cid: str):
+    """What a perturb round wrote (``written``: ``manifest.write_manifest``'s
+    summary), and round 1's collection id for a protocol that groups users."""
+    prefix = config.prefix
     if dead_letter:
         print(f"rejected rows (with their reasons) written to {dead_letter}")
     print(f"{written['reports']} reports of {report.named(mechanism, key_names)}"
@@ -269,12 +244,8 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
           f"({len(written['files'])} files, listed in {manifest.manifest_path(prefix)}); "
           f"key dictionary {prefix}.keys.txt")
     if mechanism.group_shares is not None and config.round == 1:
-        cid = state.collection.id
         print(f"collection id {cid} (later rounds read it from the broadcast; pass "
               f"--collection-id {cid} to make them refuse a broadcast that changes it)")
-    ledger = devices.print_ledger_summary(gate)
-    return {"prefix": prefix, "stats": stats, "mechanism": mechanism, "collection": state.collection,
-            "ledger": ledger}
 
 
 def claim_prefix(prefix: str, overwrite: bool) -> list[str]:
@@ -289,37 +260,6 @@ def claim_prefix(prefix: str, overwrite: bool) -> list[str]:
         raise ValueError(f"--output {prefix}: {len(earlier)} file(s) of an earlier run are there ({names}); "
                          "pass --overwrite to replace them, or choose another --output")
     return earlier
-
-
-def add_collect_arguments(parser: argparse.ArgumentParser):
-    mechanism_args.add_mechanism_args(parser)
-    mechanism_args.add_longitudinal_args(parser)
-    add_round_arguments(parser)
-    parser.add_argument("--input", required=True, type=path_arg, help="report files, e.g. 'REPORTS*.avro'")
-    parser.add_argument("--key-dictionary", default=None, type=path_arg, help="REPORTS.keys.txt written by perturb")
-    parser.add_argument("--keys", type=sources.positive_int, default=None,
-                        help="d, when keys are unnamed 0 … d-1")
-    parser.add_argument("--output", required=True, type=path_arg, help="estimates file (.avro, .jsonl or .csv)")
-    outputs.add_overwrite_arg(parser)
-    parser.add_argument("--broadcast-out", default=None, type=path_arg,
-                        help="multi-round: where to write this round's broadcast (default OUTPUT.broadcast.avro)")
-    parser.add_argument("--counts-out", default=None, type=path_arg,
-                        help="IOH: where to write the cell counts for kvldp query (default OUTPUT.counts.avro)")
-    parser.add_argument("--rows", type=int, default=10, help="keys shown in the table")
-    parser.add_argument("--fanout", type=int, default=None,
-                        help="an intermediate combine level of this many partial sums (Beam's hot-key fanout), "
-                             "for very many report batches on a distributed runner")
-    add_postprocess_arg(parser)
-    parser.add_argument("--rating-range", type=sources.parse_range, default=None,
-                        help="lo,hi: the ratings' own scale, for means given on it too (default: the "
-                             "range perturb read, from the manifest)")
-    delivery = parser.add_argument_group("the delivery (checked against PREFIX.manifest.json written by perturb)")
-    delivery.add_argument("--allow-partial", action="store_true",
-                          help="collect the report files present when some the manifest lists are missing "
-                               "(and say which)")
-    delivery.add_argument("--no-manifest", dest="require_manifest", action="store_false",
-                          help="collect report files that come without a manifest (not written by kvldp "
-                               "perturb), unchecked")
 
 
 @dataclasses.dataclass(frozen=True)

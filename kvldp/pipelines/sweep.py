@@ -128,7 +128,7 @@ def _worker_init(parent: int):
     parent alone, which then kills the group) and exits when its parent dies."""
     os.setpgrp()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from kvldp.pipelines import console  # what the command prints of Beam's logs, here too
+    from kvldp.runtime import console  # what the command prints of Beam's logs, here too
     console.set_up_logging()
 
     def watch():

@@ -85,6 +85,27 @@ def _plot(series, title: str, ylabel: str, path: Path, log: bool, reference: flo
     series = {(k, "raw") if isinstance(k, str) else k: pts for k, pts in series.items()}
     mechanisms = sorted({m for m, _ in series})
     methods = sorted({p for _, p in series}, key=lambda p: (p != "raw", p))
+    measured = _draw_series(ax, series, methods)
+    if reference is not None:
+        ax.axhline(reference, color="grey", linestyle=":", label=f"nominal {reference:g}")
+        measured.append(reference)
+    if log:
+        ax.set_yscale("log")
+    _fit_to_measurements(ax, measured, log)
+    ax.set_xlabel("epsilon")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    _legend(ax, mechanisms, methods, reference)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _draw_series(ax, series, methods) -> list[float]:
+    """Each (mechanism, post-processing)'s means with min-max bars, and each
+    mechanism's theory once; returns the values measured (for the y-axis)."""
     measured, with_theory = [], set()
     for (mech, method), pts in sorted(series.items(), key=lambda kv: (kv[0][0], methods.index(kv[0][1]))):
         look = {**style(mech), "linestyle": LINESTYLES[methods.index(method) % len(LINESTYLES)]}
@@ -99,16 +120,12 @@ def _plot(series, title: str, ylabel: str, path: Path, log: bool, reference: flo
             with_theory.add(mech)
             ax.plot(*zip(*theory, strict=True), linestyle=THEORY_STYLE, linewidth=0.8, color=look["color"],
                     alpha=0.8, label=f"{mech} (theory)")
-    if reference is not None:
-        ax.axhline(reference, color="grey", linestyle=":", label=f"nominal {reference:g}")
-        measured.append(reference)
-    if log:
-        ax.set_yscale("log")
-    _fit_to_measurements(ax, measured, log)
-    ax.set_xlabel("epsilon")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
+    return measured
+
+
+def _legend(ax, mechanisms, methods, reference: float | None):
+    """The figure's legend: one entry per line, or with several post-processings
+    one per mechanism (colour, marker) and one per post-processing (line style)."""
     if len(methods) > 1:     # colour and marker = mechanism, line style = post-processing: one legend entry each
         from matplotlib.lines import Line2D
         handles = [Line2D([], [], color=style(m)["color"], marker=style(m)["marker"], label=m) for m in mechanisms]
@@ -121,10 +138,6 @@ def _plot(series, title: str, ylabel: str, path: Path, log: bool, reference: flo
         ax.legend(handles=handles, fontsize=8, ncol=2)
     else:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
 
 
 def _fit_to_measurements(ax, values, log: bool):
@@ -181,42 +194,13 @@ def plot_over_time(results_csv, out_dir, top: int, churn: float) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series = defaultdict(lambda: defaultdict(list))     # (mech, eps, mode) -> metric -> [(t, value, theory)]
-    dataset = ""
-    with open(results_csv, newline="") as fh:
-        for r in csv.DictReader(fh):
-            dataset = r["dataset"]
-            if r["key_set"] not in (f"top{top}", "users"):
-                continue
-            theory = float(r["theory"]) if r["theory"] not in ("", None) else None
-            series[(r["mechanism"], float(r["epsilon"]), r["mode"])][r["metric"]].append(
-                (int(r["collection"]), float(r["value"]), theory))
+    series, dataset = _over_time_series(results_csv, top)
     fig, axes = plt.subplots(1, 3, figsize=(17, 5), dpi=DPI)
     panels = (("mse_frequency", f"MSE of frequency, top-{top} keys", True),
               ("mse_mean", f"MSE of mean, top-{top} keys", True),
               ("loss_mean", "cumulative privacy loss per user (eps)", False))
     for ax, (metric, title, log) in zip(axes, panels, strict=True):
-        measured = []
-        if metric == "loss_mean":
-            measured = _plot_losses(ax, series)
-        for (mech, _, mode), metrics in sorted(series.items()):
-            pts = _by_collection(metrics.get(metric, []))
-            if not pts or metric == "loss_mean":
-                continue
-            look = {**style(mech), "linestyle": MODE_LINES.get(mode, "-")}
-            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-            measured += ys
-            ax.plot(xs, ys, ms=3, label=f"{mech} {mode}", **look)
-            if metric == "mse_frequency" and all(p[2] for p in pts):
-                ax.plot(xs, [p[2] for p in pts], color=look["color"], linestyle=look["linestyle"], lw=0.6,
-                        alpha=0.6)
-        if log:
-            ax.set_yscale("log")
-        _fit_to_measurements(ax, measured, log)
-        ax.set_xlabel("collection")
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.set_title(title, fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
+        _over_time_panel(ax, series, metric, title, log)
     axes[2].set_ylim(bottom=0)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize=8)
@@ -231,6 +215,47 @@ def plot_over_time(results_csv, out_dir, top: int, churn: float) -> Path:
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
+
+
+def _over_time_series(results_csv, top: int):
+    """``((mech, eps, mode) -> metric -> [(t, value, theory)], dataset)`` of
+    the top-``top`` keys' and the users' rows of ``results_csv``."""
+    series = defaultdict(lambda: defaultdict(list))     # (mech, eps, mode) -> metric -> [(t, value, theory)]
+    dataset = ""
+    with open(results_csv, newline="") as fh:
+        for r in csv.DictReader(fh):
+            dataset = r["dataset"]
+            if r["key_set"] not in (f"top{top}", "users"):
+                continue
+            theory = float(r["theory"]) if r["theory"] not in ("", None) else None
+            series[(r["mechanism"], float(r["epsilon"]), r["mode"])][r["metric"]].append(
+                (int(r["collection"]), float(r["value"]), theory))
+    return series, dataset
+
+
+def _over_time_panel(ax, series, metric: str, title: str, log: bool):
+    """One panel of ``over_time.png``: ``metric`` per collection, a line per (mechanism, eps, mode)."""
+    measured = []
+    if metric == "loss_mean":
+        measured = _plot_losses(ax, series)
+    for (mech, _, mode), metrics in sorted(series.items()):
+        pts = _by_collection(metrics.get(metric, []))
+        if not pts or metric == "loss_mean":
+            continue
+        look = {**style(mech), "linestyle": MODE_LINES.get(mode, "-")}
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        measured += ys
+        ax.plot(xs, ys, ms=3, label=f"{mech} {mode}", **look)
+        if metric == "mse_frequency" and all(p[2] for p in pts):
+            ax.plot(xs, [p[2] for p in pts], color=look["color"], linestyle=look["linestyle"], lw=0.6,
+                    alpha=0.6)
+    if log:
+        ax.set_yscale("log")
+    _fit_to_measurements(ax, measured, log)
+    ax.set_xlabel("collection")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
 
 
 def _plot_losses(ax, series) -> list[float]:

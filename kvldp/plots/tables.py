@@ -110,13 +110,7 @@ def print_table(records: list[dict], rows: int = 10, out=None, rating_range=None
     With ``rating_range`` the means are shown on the ratings' own scale."""
     out = out or sys.stdout
     has_truth = bool(np.isfinite(column(records, "true_frequency")).any())
-    order = np.nan_to_num(column(records, "true_frequency" if has_truth else "frequency"), nan=0.0)
-    ranked = [records[int(i)] for i in np.argsort(-order, kind="stable")[:rows]]   # only these become dicts
-    if rating_range is not None:
-        ranked = [{**r, "mean": r.get("mean_rating"), "mean_se": r.get("mean_rating_se"),
-                   **{f: _on_scale(r.get(f), rating_range) for f in ("mean_lo", "mean_hi", "true_mean")}}
-                  for r in ranked]
-        print(f"(means on the ratings' {scale_text(rating_range)} scale)", file=out)
+    ranked = _ranked(records, rows, has_truth, rating_range, out)
     methods = sorted({p or "raw" for p in _values(records, "postprocess")})
     f_int, m_int = "95% interval f".rjust(18), "95% interval m".rjust(16)
     if has_truth:
@@ -125,19 +119,42 @@ def print_table(records: list[dict], rows: int = 10, out=None, rating_range=None
         print(f"{'key':>10} {'est f':>9} {f_int} {'est m':>8} {m_int}", file=out)
     notes = set()
     for r in ranked:
-        f, m = _num(r.get("frequency"), 9, 5), _num(r.get("mean"), 8, 4)
-        fi, mi = _interval(r, "frequency", 5), _interval(r, "mean", 3)
-        status = [s for s in (r.get("frequency_status"), r.get("mean_status")) if s not in (None, "ok")]
-        status += ["pulled"] if _outside(r, "frequency") or _outside(r, "mean") else []
-        notes.update(status)
-        tail = f"  ({', '.join(dict.fromkeys(status))})" if status else ""
-        if has_truth:
-            tm = "" if r.get("true_mean") is None else f"{r['true_mean']:8.4f}"
-            print(f"{r['key']:>10} {r['true_frequency']:9.5f} {f} {fi:>18} {tm:>8} {m} {mi:>16}{tail}", file=out)
-        else:
-            print(f"{r['key']:>10} {f} {fi:>18} {m} {mi:>16}{tail}", file=out)
+        notes.update(_print_row(r, has_truth, out))
     print(f"post-processing: {', '.join(methods)} (raw: the paper's estimator, interval raw ± 1.96 s.e.; "
           "otherwise kvldp.mechanisms.estimation.postprocess, intervals from each key's own reports)", file=out)
+    _print_notes(notes, out)
+
+
+def _ranked(records: list[dict], rows: int, has_truth: bool, rating_range, out) -> list[dict]:
+    """The ``rows`` most frequent keys' records (by truth when known), their
+    means on the ratings' scale with ``rating_range`` (said on ``out``)."""
+    order = np.nan_to_num(column(records, "true_frequency" if has_truth else "frequency"), nan=0.0)
+    ranked = [records[int(i)] for i in np.argsort(-order, kind="stable")[:rows]]   # only these become dicts
+    if rating_range is not None:
+        ranked = [{**r, "mean": r.get("mean_rating"), "mean_se": r.get("mean_rating_se"),
+                   **{f: _on_scale(r.get(f), rating_range) for f in ("mean_lo", "mean_hi", "true_mean")}}
+                  for r in ranked]
+        print(f"(means on the ratings' {scale_text(rating_range)} scale)", file=out)
+    return ranked
+
+
+def _print_row(r: dict, has_truth: bool, out) -> list[str]:
+    """One key's line of ``print_table``; returns its statuses (for the notes)."""
+    f, m = _num(r.get("frequency"), 9, 5), _num(r.get("mean"), 8, 4)
+    fi, mi = _interval(r, "frequency", 5), _interval(r, "mean", 3)
+    status = [s for s in (r.get("frequency_status"), r.get("mean_status")) if s not in (None, "ok")]
+    status += ["pulled"] if _outside(r, "frequency") or _outside(r, "mean") else []
+    tail = f"  ({', '.join(dict.fromkeys(status))})" if status else ""
+    if has_truth:
+        tm = "" if r.get("true_mean") is None else f"{r['true_mean']:8.4f}"
+        print(f"{r['key']:>10} {r['true_frequency']:9.5f} {f} {fi:>18} {tm:>8} {m} {mi:>16}{tail}", file=out)
+    else:
+        print(f"{r['key']:>10} {f} {fi:>18} {m} {mi:>16}{tail}", file=out)
+    return status
+
+
+def _print_notes(notes: set, out):
+    """What the statuses shown in ``print_table`` mean."""
     if "biased" in notes:
         print("biased: this mechanism's mean estimator is biased (fake values of non-holders pull it), so it "
               "has no standard error", file=out)

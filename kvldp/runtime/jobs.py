@@ -29,11 +29,10 @@ from apache_beam.options.pipeline_options import (
 )
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-from kvldp.runtime import tweaks
+from kvldp.runtime import tally, tweaks
 from kvldp.runtime.local_runner import make_runner
 from kvldp.runtime.options import JobOptions
 from kvldp.runtime.process import release_freed_memory
-from kvldp.transforms import tally
 
 SAFE_RUNNING_MODE = "in_memory"
 
@@ -128,7 +127,7 @@ PROGRESS_COUNTERS = (("rows_read", "rows read"), ("users_perturbed", "users pert
 class Progress:
     """A line on stderr every ``KVLDP_PROGRESS_EVERY`` seconds (default 10;
     0: none) while a job runs: what its DoFns have counted so far in this
-    process (``transforms.tally``: the local runner and Flink's LOOPBACK
+    process (``runtime.tally``: the local runner and Flink's LOOPBACK
     workers run here; a remote runner's workers count elsewhere, and its own
     console shows them)."""
 

@@ -23,7 +23,7 @@ import sys
 
 import apache_beam
 
-from kvldp.cli import extras
+from kvldp.runtime import extras
 
 ALLOW_UNTESTED = "KVLDP_ALLOW_UNTESTED_RUNNER"
 PROBE_TIMEOUT_S = 10.0

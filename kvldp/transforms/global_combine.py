@@ -11,7 +11,7 @@ into operations by the stage that runs them. Here the default is injected
 straight on an Impulse: the same output, on any runner, from one ParDo
 (the truth sums, IOH's pattern sums, the pre-passes' sums). A protocol's
 round goes one step further and injects its counts' default in its
-calibration (``rounds.calibrate_round``).
+calibration (``collector.CollectStep``).
 
 Without defaults (a round's counts, a window's combine), the combine is
 Beam's own three steps without ``CombineGlobally``'s wrapper and its
@@ -20,9 +20,12 @@ Beam's own three steps without ``CombineGlobally``'s wrapper and its
 from __future__ import annotations
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.pvalue import AsList
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.typehints.typehints import TupleConstraint
+
+from kvldp.transforms.coders import ArrayPayloadCoder, NDArray
 
 
 class CombineAll(beam.PTransform):
@@ -100,3 +103,30 @@ def inject_default(_, combined: list, fn: beam.CombineFn):
         return fn.apply([])
     finally:
         fn.teardown()
+
+
+@beam.typehints.with_output_types(NDArray)
+class ArraySumCombineFn(beam.CombineFn):
+    """Element-wise sum of equally long NumPy arrays (truth statistics)."""
+
+    def __init__(self, size: int):
+        self._size = size
+
+    def create_accumulator(self):
+        return np.zeros(self._size)
+
+    def add_input(self, acc, row):
+        acc += row
+        return acc
+
+    def merge_accumulators(self, accumulators):
+        out = np.zeros(self._size)
+        for a in accumulators:
+            out += a
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+    def get_accumulator_coder(self):
+        return ArrayPayloadCoder()

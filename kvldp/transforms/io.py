@@ -20,8 +20,8 @@ from apache_beam.io.filesystems import FileSystems
 
 from kvldp import schemas
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE, Reports
+from kvldp.runtime import tally
 from kvldp.schemas import envelope
-from kvldp.transforms import tally
 from kvldp.transforms.coders import ArrayPayloadCoder  # noqa: F401  (registers the coders)
 from kvldp.transforms.context import element_context
 

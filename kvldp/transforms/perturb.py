@@ -15,10 +15,10 @@ import apache_beam as beam
 from apache_beam.pvalue import AsSingleton
 
 from kvldp.mechanisms.base import Reports, UserBatch
-from kvldp.mechanisms.privacy.ledger import LedgerGate
 from kvldp.mechanisms.privacy.randomness import batch_rng
 from kvldp.mechanisms.protocol import Protocol, ProtocolState
-from kvldp.transforms import tally
+from kvldp.runtime import tally
+from kvldp.storage.ledger import LedgerGate
 from kvldp.transforms.coders import NDArray  # (importing it registers the coders)
 from kvldp.transforms.context import element_context
 
@@ -28,7 +28,7 @@ class PerturbFn(beam.DoFn):
     """``UserBatch`` -> round ``round_index``'s reports of the round's
     participants, with ``batch_rng(seed, batch_id, round)`` (nothing once the
     protocol has stopped). ``gate``: the perturbing side's privacy ledger
-    (mechanisms/privacy/ledger.py); a user it refuses sits the collection out and is
+    (storage/ledger.py); a user it refuses sits the collection out and is
     counted (``users_sat_out``). ``rebuild``: the elements are a generated
     dataset's batch recipes, and ``rebuild(*recipe)`` makes the batch (only
     when the round runs: a stopped protocol's later rounds make nothing)."""

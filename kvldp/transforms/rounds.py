@@ -1,6 +1,7 @@
 """A protocol's rounds as one pipeline of sequential stages.
 
-Round ``r`` is perturb -> combine -> advance; the ``ProtocolState`` after
+Round ``r`` is perturb -> the collector's step (``collector.CollectStep``:
+accumulate -> calibrate -> advance); the ``ProtocolState`` after
 round ``r`` is a singleton side input of round ``r+1``'s perturbation (the
 broadcast), as Beam's tf-idf example feeds one stage's global result into
 the next. A single-round mechanism is the one-stage case.
@@ -30,7 +31,6 @@ channel) where making them costs ~0.05 s.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Callable
 
 import apache_beam as beam
@@ -38,25 +38,9 @@ from apache_beam.pvalue import AsList, AsSingleton
 
 from kvldp.mechanisms.base import UserBatch
 from kvldp.mechanisms.protocol import Collection, Protocol, ProtocolState, check_count_draw
-from kvldp.transforms.accumulate import DrawnCountsCombineFn, RoundCombineFn
-from kvldp.transforms.coders import NDArray
-from kvldp.transforms.global_combine import CombineWithoutDefaults, inject_default
+from kvldp.transforms.collector import COUNTS, FINAL, CollectStep
 from kvldp.transforms.perturb import DrawCountsFn, PerturbFn
 from kvldp.transforms.spread import Positioned, positioned, spread
-
-
-class CollectRound(beam.PTransform):
-    """The collector's half of a round: ``reports -> {"counts", "state"}``
-    (``previous``: the state the round started from)."""
-
-    def __init__(self, protocol: Protocol, round_index: int, previous, fanout: int | None = None,
-                 label: str | None = None):
-        super().__init__(label)
-        self._protocol, self._round, self._previous, self._fanout = protocol, round_index, previous, fanout
-
-    def expand(self, reports):
-        out = calibrate_round(reports, self._protocol, self._round, self._previous, self._fanout)
-        return {"counts": out[COUNTS], "state": out.state}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,69 +52,8 @@ class UserRecipes:
     rebuild: Callable[..., UserBatch]
 
 
-FINAL, COUNTS = "final", "counts"
-
-# Whether this Beam types a ParDo's tagged outputs (``with_output_types(main, **tagged)``; 2.62 has the
-# main output's only): without it the tagged outputs are ``Any``, which Beam's fallback coder pickles
-# -- the same values, without ``ArrayPayloadCoder``'s size estimate.
-TYPED_TAGS = "tagged_type_hints" in inspect.signature(beam.PTransform.with_output_types).parameters
-
 # The state a round's clients see once the protocol ended before it: stopped, so they report nothing.
 ENDED = ProtocolState(0, None, True, 0.0, None)
-
-
-class AdvanceFn(beam.DoFn):
-    """The state round ``round_index`` started from (the main input; or an
-    Impulse's element, for a constant ``start``) and the round's combined
-    counts (a side list of at most one; none: no reports, the combine's
-    value for no input) -> the state after the round, and its counts on
-    ``COUNTS``. ``split``: the state goes to the main output only while the
-    protocol goes on, to ``FINAL`` once it has stopped or run its last round
-    (module docstring); else always to the main output."""
-
-    def __init__(self, protocol: Protocol, round_index: int, combine_fn: beam.CombineFn,
-                 start: ProtocolState | None = None, split: bool = False):
-        self._protocol, self._round, self._fn = protocol, round_index, combine_fn
-        self._start, self._split = start, split
-
-    def process(self, previous, combined: list):
-        if self._start is not None:
-            previous = self._start
-        counts = inject_default(None, combined, self._fn)
-        state = self._protocol.next_state(self._round, previous, counts)
-        yield beam.pvalue.TaggedOutput(COUNTS, counts)
-        if self._split and (state.stopped or self._round + 1 >= self._protocol.max_rounds):
-            yield beam.pvalue.TaggedOutput(FINAL, state)
-        else:
-            yield state
-
-
-def calibrate_round(reports, protocol: Protocol, round_index: int, previous, fanout: int | None = None,
-                    split: bool = False, drawn: bool = False):
-    """The collector's half of round ``round_index``: ``reports`` combined
-    into the round's counts (``fanout``: an intermediate combine level), then
-    calibrated from ``previous`` -- a state (``None``: a fresh protocol's) or
-    a PCollection of at most one -- by ``AdvanceFn``. Its outputs: ``state``
-    (the main one), ``FINAL`` (with ``split``) and ``COUNTS``.
-
-    The combine's value for no input is made in the calibration rather than
-    by ``CombineGlobally``'s defaults (``Create([None])``, then a Map that
-    injects it: ``global_combine.py``): one step fewer, and a calibration
-    whose main input is empty -- a round after the protocol stopped -- runs
-    not at all. ``drawn``: the elements are counts drawn per batch
-    (``DrawCountsFn``), not reports."""
-    combine_fn = (DrawnCountsCombineFn if drawn else RoundCombineFn)(protocol, round_index)
-    combined = reports | "Accumulate" >> CombineWithoutDefaults(combine_fn, fanout)
-    if isinstance(previous, beam.PCollection):
-        start, constant = previous, None
-    else:
-        start = reports.pipeline | "Start" >> beam.Impulse()
-        constant = protocol.initial_state() if previous is None else previous
-    advance = AdvanceFn(protocol, round_index, combine_fn, constant, split)
-    calibrate = beam.ParDo(advance, AsList(combined))
-    calibrate = (calibrate.with_output_types(ProtocolState, **{FINAL: ProtocolState, COUNTS: NDArray})
-                 if TYPED_TAGS else calibrate.with_output_types(ProtocolState))
-    return start | "Calibrate" >> calibrate.with_outputs(FINAL, COUNTS, main="state")
 
 
 class GatedRound(beam.PTransform):
@@ -161,9 +84,9 @@ class GatedRound(beam.PTransform):
         # the DoFn itself (not the Perturb composite), so the stage that reads the previous state is Round{r}/Perturb
         fn = (DrawCountsFn if self._draw else PerturbFn)(self._protocol, self._seed, self._round, rebuild=rebuild)
         reports = users | "Perturb" >> beam.ParDo(fn, state)
-        out = calibrate_round(reports, self._protocol, self._round, self._previous, self._fanout, split=True,
-                              drawn=self._draw)
-        return {"going": out.state, FINAL: out[FINAL], COUNTS: out[COUNTS]}
+        out = reports | "Collect" >> CollectStep(self._protocol, self._round, self._previous, self._fanout,
+                                                 split=True, drawn=self._draw)
+        return {"going": out["state"], FINAL: out[FINAL], COUNTS: out[COUNTS]}
 
 
 class RunProtocol(beam.PTransform):

@@ -33,7 +33,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.typehints import typehints
 from apache_beam.typehints.trivial_inference import key_value_types
 
-from kvldp.transforms import tally
+from kvldp.runtime import tally
 from kvldp.transforms.context import element_context
 
 SPILLED_FILES = "spilled_files"

@@ -28,11 +28,12 @@ from apache_beam.transforms import window
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 
 from kvldp.mechanisms.protocol import Collection
+from kvldp.runtime.tally import JobCounter
 from kvldp.schemas import envelope
 from kvldp.schemas.records import broadcast_records
+from kvldp.transforms.collector import RoundCombineFn, advance
 from kvldp.transforms.global_combine import CombineWithoutDefaults
 from kvldp.transforms.streaming import DEAD_LETTER, DeadLetterOutput, Pane, PaneCounters
-from kvldp.transforms.tally import JobCounter
 
 ROUNDS = "rounds"
 CHAIN = ReadModifyWriteStateSpec("chain", coders.PickleCoder())
@@ -42,18 +43,21 @@ CHAIN_STATE = beam.DoFn.StateParam(CHAIN)      # Beam's idiom: state is declared
 class RoundsCombineFn(beam.CombineFn):
     """``RoundBatch``es -> ``{(round, broadcast, layout): [counts, batches]}``:
     a window's reports counted per round and per what they were made with,
-    so the chain can take the right ones and refuse the rest by name."""
+    so the chain can take the right ones and refuse the rest by name. Each
+    key's counts are the collector's own (``collector.RoundCombineFn`` of
+    its round)."""
 
     def __init__(self, protocol):
         self._protocol = protocol
+        self._rounds = [RoundCombineFn(protocol, r) for r in range(protocol.max_rounds)]
 
     def create_accumulator(self):
         return {}
 
     def add_input(self, acc, batch):
-        key = (batch.round_index, batch.broadcast, batch.layout)
-        counts, n = acc.get(key) or (self._protocol.new_round_counts(batch.round_index), 0)
-        acc[key] = (self._protocol.accumulate_round(batch.round_index, counts, batch.reports), n + 1)
+        key, fn = (batch.round_index, batch.broadcast, batch.layout), self._round_fn(batch.round_index)
+        counts, n = acc.get(key) or (fn.create_accumulator(), 0)
+        acc[key] = (fn.add_input(counts, batch.reports), n + 1)
         return acc
 
     def merge_accumulators(self, accumulators):
@@ -61,14 +65,18 @@ class RoundsCombineFn(beam.CombineFn):
         for acc in accumulators:
             for key, (counts, n) in acc.items():
                 if key in out:
-                    merged = self._protocol.merge_round(key[0], [out[key][0], counts])
-                    out[key] = (merged, out[key][1] + n)
+                    out[key] = (self._round_fn(key[0]).merge_accumulators([out[key][0], counts]), out[key][1] + n)
                 else:
                     out[key] = (counts, n)
         return out
 
     def extract_output(self, acc):
         return acc
+
+    def _round_fn(self, round_index: int) -> RoundCombineFn:
+        # a round beyond the protocol's is refused by the chain; its counts still need a combine
+        return (self._rounds[round_index] if round_index < len(self._rounds)
+                else RoundCombineFn(self._protocol, round_index))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +130,7 @@ class ChainRoundsFn(beam.DoFn):
                     "data_base64": "", "processing_time_ms": 0})
                 continue
             start = state or self._protocol.initial_state(Collection(self._collection_id, layout))
-            after = self._protocol.next_state(r, start, counts)
+            after = advance(self._protocol, r, start, counts)
             pane = dataclasses.replace(head, estimates=self._protocol.estimates(after), round=r + 1)
             self._panes.count(pane.timing, pane.index)
             yield pane

@@ -22,12 +22,12 @@ import fastavro
 from apache_beam.io.filesystems import FileSystems
 
 from kvldp import schemas
+from kvldp.runtime.tally import JobCounter
 from kvldp.schemas import envelope
 from kvldp.schemas.records import estimate_records
-from kvldp.transforms.tally import JobCounter
 
 PANE_FORMATS = ("jsonl", "avro")
-# what each file sink counts as written (the job's monitor waits for them: pipelines/stream.py)
+# what each file sink counts as written (the job's monitor waits for them: pipelines/stream_job.py)
 PANE_FILES_WRITTEN, ROUND_FILES_WRITTEN = "pane_files_written", "round_files_written"
 DEAD_LETTER_FILES_WRITTEN = "dead_letter_files_written"
 
@@ -122,7 +122,7 @@ class Publish(beam.PTransform):
 
     Each message is published and confirmed as it comes, and counted then,
     so the job's monitor can wait for the count before it stops
-    (``pipelines/stream.py``). Beam's ``WriteToPubSub`` publishes a bundle's
+    (``pipelines/stream_job.py``). Beam's ``WriteToPubSub`` publishes a bundle's
     messages when the bundle finishes, so a job stopped once its files were
     written lost the last pane's message now and then (the streaming test's
     5 messages for 6 pane files)."""

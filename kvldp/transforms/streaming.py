@@ -35,9 +35,10 @@ from apache_beam.transforms.deduplicate import DeduplicatePerKey
 from apache_beam.utils.timestamp import Duration, Timestamp
 from apache_beam.utils.windowed_value import PaneInfoTiming
 
+from kvldp.mechanisms.base import Estimates
+from kvldp.runtime.tally import JobCounter
 from kvldp.schemas import envelope
-from kvldp.transforms.accumulate import Accumulate, Calibrate
-from kvldp.transforms.tally import JobCounter
+from kvldp.transforms.collector import CollectStep
 
 DEAD_LETTER = "dead_letter"
 
@@ -402,16 +403,16 @@ class _PaneFn(beam.DoFn):
 
 class CalibratePanes(beam.PTransform):
     """Windowed ``RoundBatch``es of a single-round mechanism -> one ``Pane``
-    per window firing (the round's
-    counts, accumulated, calibrated with ``Calibrate`` from ``previous``)."""
+    per window firing: the collector's step (``collector.CollectStep``) per
+    window pane, from ``previous``, and the state's estimates."""
 
     def __init__(self, protocol, job: str, round_index: int = 0, previous=None, label: str | None = None):
         super().__init__(label)
         self._protocol, self._round, self._previous, self._job = protocol, round_index, previous, job
 
     def expand(self, batches):
-        return (batches
-                | "Reports" >> beam.Map(lambda b: b.reports)
-                | "Accumulate" >> Accumulate(self._protocol, self._round, windowed=True)
-                | "Calibrate" >> Calibrate(self._protocol, self._round, self._previous)
+        reports = batches | "Reports" >> beam.Map(lambda b: b.reports)
+        collected = reports | "Collect" >> CollectStep(self._protocol, self._round, self._previous, per_window=True)
+        return (collected["state"]
+                | "Estimates" >> beam.Map(self._protocol.estimates).with_output_types(Estimates)
                 | "Pane" >> beam.ParDo(_PaneFn(self._job)))

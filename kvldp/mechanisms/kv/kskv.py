@@ -60,7 +60,7 @@ from kvldp.mechanisms.frequency.sampling import discretise, padding_and_sampling
 from kvldp.mechanisms.frequency.symbols import accumulate_symbols
 from kvldp.mechanisms.kv.pckv import CLIP_PAPER, PCKVUE, PCKVParams
 from kvldp.mechanisms.params import Options, floats, option, padding_option, top_option
-from kvldp.mechanisms.privacy.budget import BudgetLedger, Share
+from kvldp.mechanisms.privacy.accountant import Accountant, Share, check_split
 from kvldp.mechanisms.protocol import Protocol, ProtocolState
 
 MAX_ADAPTIVE_PADDING = 16
@@ -187,15 +187,14 @@ class _KeyStrategyProtocol(Protocol):
         if int(top) != top or top < 1:
             raise ValueError(f"top t must be a whole number >= 1, got {top}")
         shares = tuple(float(s) for s in group_shares)
-        if any(not 0 < s < 1 for s in shares) or abs(sum(shares) - 1) > 1e-9:
-            raise ValueError(f"group shares must be in (0, 1) and add up to 1, got {shares}")
+        check_split(shares, "group shares")
         self.t = int(top)
         self.n_candidates = min(2 * self.t, self.d)
         self.group_shares = shares
         self.round_groups = tuple(range(len(shares)))
         self.max_rounds = len(shares)
         # every group spends the whole budget once, in its own round
-        self.ledger = BudgetLedger.of(self.epsilon, [Share(r, "pair", self.epsilon, f"group{r + 1}")
+        self.ledger = Accountant.of(self.epsilon, [Share(r, "pair", self.epsilon, f"group{r + 1}")
                                                      for r in range(self.max_rounds)])
         self.olh = OLH(self.d + 1, self.ledger.round_epsilon(0))       # item d: a user without pairs
 

@@ -66,6 +66,7 @@ import math
 from collections.abc import Callable
 
 from kvldp.mechanisms.kv.pckv import PCKVParams
+from kvldp.mechanisms.privacy.accountant import LongitudinalBudget
 
 BISECTION_STEPS = 200
 
@@ -132,12 +133,9 @@ def grr_keep(epsilon: float, k: int) -> float:
 def mixing_for(epsilon_of_t: Callable[[float], float], eps_1: float, eps_inf: float) -> float:
     """``max{t in [0, 1] : epsilon_of_t(t) <= eps_1}`` by bisection on the
     monotone ``epsilon_of_t``; 1 when ``eps_1 >= eps_inf``. The lower end of
-    the final bracket is returned, so the loss is at most ``eps_1``."""
-    if not eps_1 > 0:
-        raise ValueError(f"eps_1 must be > 0, got {eps_1}")
-    if eps_1 > eps_inf * (1 + 1e-12):
-        raise ValueError(f"eps_1 = {eps_1:g} exceeds eps_inf = {eps_inf:g}: one report cannot lose more "
-                         "than the permanent layer it is drawn from")
+    the final bracket is returned, so the loss is at most ``eps_1``. The pair
+    is checked once, by the accountant (``privacy/accountant.py``)."""
+    LongitudinalBudget(eps_inf, eps_1)
     if eps_1 >= eps_inf or epsilon_of_t(1.0) <= eps_1:
         return 1.0
     lo, hi = 0.0, 1.0
@@ -163,8 +161,7 @@ def ue_mixing(ch: Channel, l: int, rho: float, eps_1: float, eps_inf: float) -> 
 
 def grr_mixing(k: int, eps_1: float, eps_inf: float) -> float:
     """L-GRR's ``t`` in closed form (see the module docstring)."""
-    if eps_1 > eps_inf * (1 + 1e-12):
-        raise ValueError(f"eps_1 = {eps_1:g} exceeds eps_inf = {eps_inf:g}")
+    LongitudinalBudget(eps_inf, eps_1)
     if eps_1 >= eps_inf:
         return 1.0
     return (grr_keep(eps_1, k) - 1 / k) / (grr_keep(eps_inf, k) - 1 / k)

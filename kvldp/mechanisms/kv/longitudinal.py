@@ -57,7 +57,7 @@ from kvldp.mechanisms.kv.permanent import (
 )
 from kvldp.mechanisms.kv.sun import KVUE
 from kvldp.mechanisms.params import Options, option
-from kvldp.mechanisms.privacy.budget import Share
+from kvldp.mechanisms.privacy.accountant import LongitudinalBudget, Share
 from kvldp.mechanisms.privacy.memo import DeviceKeys, config_digest
 from kvldp.mechanisms.privacy.randomness import collection_generator
 from kvldp.mechanisms.protocol import Mechanism, Protocol
@@ -116,8 +116,8 @@ class Longitudinal(Mechanism):
     def __init__(self, permanent: Mechanism, eps_1: float | None = None, keys: DeviceKeys | None = None,
                  collection: str = ""):
         self.permanent = permanent
-        self.eps_inf = permanent.epsilon
-        self.eps_1 = self.eps_inf if eps_1 is None else float(eps_1)
+        self.pair = LongitudinalBudget(permanent.epsilon, None if eps_1 is None else float(eps_1))
+        self.eps_inf, self.eps_1 = self.pair.eps_inf, self.pair.eps_1
         super().__init__(permanent.d, self.eps_inf)
         self.name = permanent.name
         self.options_type = permanent.options_type
@@ -138,6 +138,9 @@ class Longitudinal(Mechanism):
     def budget_shares(self) -> list[Share]:
         """Any number of reports of one state: ``eps_inf`` (one report: ``eps_1``)."""
         return [Share(0, "permanent", self.eps_inf)]
+
+    def longitudinal_budget(self) -> LongitudinalBudget:
+        return self.pair
 
     def config(self, round_index: int | None = None) -> Mapping:
         return {**self.permanent.config(), "longitudinal": True, "eps_inf": self.eps_inf, "eps_1": self.eps_1}

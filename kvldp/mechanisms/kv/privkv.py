@@ -46,7 +46,7 @@ from kvldp.mechanisms.estimation.variance import mixture_probabilities, multinom
 from kvldp.mechanisms.frequency.sampling import discretise, uniform_key_sampling
 from kvldp.mechanisms.frequency.symbols import accumulate_symbols, symbol_stack
 from kvldp.mechanisms.params import Options, key_share_option, rounds_option
-from kvldp.mechanisms.privacy.budget import Share
+from kvldp.mechanisms.privacy.accountant import Share
 from kvldp.mechanisms.protocol import Mechanism
 
 FAKE_UNIFORM = "uniform"

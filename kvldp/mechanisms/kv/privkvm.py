@@ -52,7 +52,7 @@ from kvldp.mechanisms.kv.privkv import (
     rr_keep,
 )
 from kvldp.mechanisms.params import Options, option, rounds_option
-from kvldp.mechanisms.privacy.budget import BudgetLedger, Share
+from kvldp.mechanisms.privacy.accountant import Accountant, Share
 from kvldp.mechanisms.protocol import Protocol, ProtocolState
 
 
@@ -76,7 +76,7 @@ class _LPPRounds(Protocol):
         if int(max_rounds) != max_rounds or max_rounds < 1:
             raise ValueError(f"the number of rounds must be a whole number >= 1, got {max_rounds}")
         self.max_rounds = int(max_rounds)
-        self.ledger = BudgetLedger.of(self.epsilon, self.shares())
+        self.ledger = Accountant.of(self.epsilon, self.shares())
         self.key_eps = [self.ledger.round_epsilon(r, "key") for r in range(self.max_rounds)]
         self.value_eps = [self.ledger.round_epsilon(r, "value") for r in range(self.max_rounds)]
 

@@ -47,7 +47,7 @@ from kvldp.mechanisms.frequency.sampling import discretise, uniform_key_sampling
 from kvldp.mechanisms.frequency.symbols import accumulate_symbols, symbol_stack
 from kvldp.mechanisms.kv.privkv import rr_keep
 from kvldp.mechanisms.params import Options, option
-from kvldp.mechanisms.privacy.budget import Share
+from kvldp.mechanisms.privacy.accountant import Share
 from kvldp.mechanisms.protocol import Mechanism
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from kvldp.cli import failures
+from kvldp.runtime import failures
 from kvldp.runtime import jobs as runner
 
 

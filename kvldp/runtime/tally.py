@@ -36,7 +36,7 @@ class JobCounter:
             _tallies[self._job][self._name] += n
 
 
-# Batch jobs count under one key per process: ``pipelines.runner``'s progress
+# Batch jobs count under one key per process: ``runtime.jobs``'s progress
 # line reads it while an in-process runner (the local default, Flink's
 # LOOPBACK workers) runs the job.
 PROCESS = "process"
