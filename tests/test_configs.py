@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from kvldp.cli import commands as cli
-from kvldp.cli.mechanism_args import MechanismConfig
 from kvldp.mechanisms.estimation.postprocess import postprocess
 from kvldp.mechanisms.local import run_local
 from kvldp.pipelines import evaluate, simulate, sources, split
+from kvldp.pipelines.mechanism_config import MechanismConfig
 from kvldp.pipelines.simulate import SimulateConfig
 from kvldp.pipelines.sources import DataConfig
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from kvldp.cli import commands as cli
-from kvldp.cli.presets import PRESETS
 from kvldp.pipelines.advise import advise, pckv_prefers_ue
+from kvldp.pipelines.presets import PRESETS
 from kvldp.plots.figures import DPI, FIGSIZE
 
 SWEEP = ["evaluate", "--mechanisms", "pckv-ue,privkvm", "--epsilons", "1,4", "--repeats", "2",

@@ -16,10 +16,9 @@ LEVELS = [["mechanisms"], ["storage"], ["datasets"], ["schemas"], ["transforms"]
           ["pipelines"], ["bench", "cli"]]
 LAYERS = {room: level for level, rooms in enumerate(LEVELS) for room in rooms}
 
-# What the jobs may take from the command line's room: the typed config every job takes
-# (``mechanism_args.MechanismConfig``), the paper presets evaluate fills its config from, and the
-# parsers of durations, instants and paths a job's config reads (``units``).
-PIPELINES_MAY_IMPORT_FROM_CLI = {"kvldp.cli.units", "kvldp.cli.mechanism_args", "kvldp.cli.presets"}
+# What the jobs may take from the command line's room: the parsers of durations, instants and paths
+# that a job's config reads too (``units``).
+PIPELINES_MAY_IMPORT_FROM_CLI = {"kvldp.cli.units"}
 
 
 def module_name(path: Path) -> str:

@@ -20,7 +20,6 @@ import pytest
 
 from kvldp.cli import commands as cli
 from kvldp.cli import mechanism_args
-from kvldp.cli.mechanism_args import MechanismConfig
 from kvldp.datasets import InMemoryDataset
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import UserBatch
@@ -38,6 +37,7 @@ from kvldp.mechanisms.frequency.padding import (
 )
 from kvldp.mechanisms.local import run_local
 from kvldp.pipelines import advise as advise_mod
+from kvldp.pipelines.mechanism_config import MechanismConfig
 from kvldp.pipelines.padding import padding_from_reports, parse_set_sizes, resolve_padding
 from kvldp.plots.tables import read_estimates
 from kvldp.transforms.io import report_config

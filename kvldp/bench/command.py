@@ -12,13 +12,12 @@ from kvldp.bench import kernels as bench_kernels
 from kvldp.bench import stream as bench_stream
 from kvldp.bench import sweep as bench_sweep
 from kvldp.bench.stream import StreamBenchConfig
-from kvldp.cli import mechanism_args
-from kvldp.cli.mechanism_args import MechanismConfig
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.privacy.randomness import SimulationSeed, noise_generator_name
-from kvldp.pipelines import sources, sweep
+from kvldp.pipelines import mechanism_config, sources, sweep
 from kvldp.pipelines.graphs import simulate_graph
+from kvldp.pipelines.mechanism_config import MechanismConfig
 from kvldp.pipelines.sources import DataConfig
 from kvldp.plots.tables import read_estimates
 from kvldp.runtime import jobs as runner
@@ -111,7 +110,7 @@ def run(config: BenchConfig, beam_args) -> dict:
     data = config.data
     seeds = sources.Seeds.of(data)
     dataset = sources.built_in_dataset(data, seeds.data)
-    mechanism = config.mechanism.make(dataset.d, dataset, mechanism_args.resolve_ioh_keys(
+    mechanism = config.mechanism.make(dataset.d, dataset, mechanism_config.resolve_ioh_keys(
         config.mechanism, data, beam_args, dataset.key_names, dataset, None))
     data = data.sized_for(mechanism, dataset.d)
     config = dataclasses.replace(config, data=data)

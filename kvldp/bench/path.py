@@ -25,7 +25,7 @@ def main(argv: list[str]) -> dict:
     from kvldp.runtime import process, tweaks
     tuning = tweaks.active()
     process.set_up(tuning)
-    from kvldp.cli.mechanism_args import MechanismConfig
+    from kvldp.pipelines.mechanism_config import MechanismConfig
     from kvldp.pipelines.sources import DataConfig, Seeds, built_in_dataset
 
     given = dict(option.split("=", 1) for option in options)
@@ -35,8 +35,8 @@ def main(argv: list[str]) -> dict:
     dataset = built_in_dataset(data, seeds.data)
     chosen = MechanismConfig(name, epsilon, {k: _number(v) for k, v in given.items()},
                              ioh_top=3 if name.startswith("ioh") else None)
-    from kvldp.cli import mechanism_args
-    ioh_keys = mechanism_args.resolve_ioh_keys(chosen, data, [], dataset.key_names, dataset, None)
+    from kvldp.pipelines import mechanism_config
+    ioh_keys = mechanism_config.resolve_ioh_keys(chosen, data, [], dataset.key_names, dataset, None)
     mechanism = chosen.make(dataset.d, dataset, ioh_keys)
     data = data.sized_for(mechanism, dataset.d)
     if path not in ("numpy", "beam"):

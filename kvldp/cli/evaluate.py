@@ -7,11 +7,11 @@ import os
 import sys
 
 from kvldp.cli import data_args, mechanism_args
-from kvldp.cli.presets import PRESETS
 from kvldp.cli.units import fraction, positive_int
 from kvldp.mechanisms.estimation.postprocess import DEFAULT as DEFAULT_POSTPROCESS
 from kvldp.pipelines import over_time
 from kvldp.pipelines.postprocessing import postprocess_list
+from kvldp.pipelines.presets import PRESETS
 
 
 class DeprecatedAlias(argparse.Action):

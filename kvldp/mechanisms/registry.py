@@ -64,6 +64,11 @@ def options_of(name: str) -> list[str]:
     return options_type(name).field_names()
 
 
+def option_names() -> list[str]:
+    """Every option any registered mechanism takes (a flag of the command line each)."""
+    return sorted({option for name in names() for option in options_of(name)})
+
+
 def options(name: str, **given) -> Options:
     """Typed, validated options from keywords; ``None`` keeps the default,
     an option the mechanism does not take is an error."""

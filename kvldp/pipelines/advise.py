@@ -34,7 +34,6 @@ import math
 
 import numpy as np
 
-from kvldp.cli import mechanism_args
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.estimation import metrics
 from kvldp.mechanisms.estimation.postprocess import DEFAULT as DEFAULT_POSTPROCESS
@@ -47,7 +46,7 @@ from kvldp.mechanisms.frequency.padding import (
 )
 from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.privacy.randomness import SimulationSeed
-from kvldp.pipelines import sources
+from kvldp.pipelines import mechanism_config, sources
 from kvldp.pipelines.padding import (
     data_set_sizes,
     describe_sizes,
@@ -77,10 +76,10 @@ def compare(n: int, d: int, epsilon: float, l: int, f: float, m: float) -> list[
 def choose_l(l, set_sizes, coverage: float = DEFAULT_COVERAGE) -> tuple[int, bool]:
     """``(l, chosen)``: an explicit ``l`` as given; ``None`` or ``auto``: the
     coverage rule on ``set_sizes`` (1 without them; ``auto`` needs them)."""
-    if l is None or l == mechanism_args.AUTO_PADDING:
+    if l is None or l == mechanism_config.AUTO_PADDING:
         if set_sizes is not None:
             return choose_padding(set_sizes, coverage), True
-        if l == mechanism_args.AUTO_PADDING:
+        if l == mechanism_config.AUTO_PADDING:
             raise ValueError("--padding auto needs the set sizes: --set-sizes or --dataset")
         return 1, False
     return int(l), False

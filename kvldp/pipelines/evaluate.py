@@ -38,18 +38,18 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from kvldp.cli import mechanism_args, units
-from kvldp.cli.mechanism_args import MechanismConfig
-from kvldp.cli.presets import PRESETS
+from kvldp.cli import units
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.estimation import metrics
 from kvldp.mechanisms.estimation.postprocess import DEFAULT as DEFAULT_POSTPROCESS
 from kvldp.mechanisms.estimation.postprocess import RAW, postprocess_all
 from kvldp.mechanisms.kv.longitudinal import LongitudinalOptions
 from kvldp.mechanisms.local import run_local
-from kvldp.pipelines import over_time, simulate, sources, sweep
+from kvldp.pipelines import mechanism_config, over_time, simulate, sources, sweep
 from kvldp.pipelines.graphs import to_records
+from kvldp.pipelines.mechanism_config import MechanismConfig
 from kvldp.pipelines.postprocessing import postprocess_list
+from kvldp.pipelines.presets import PRESETS
 from kvldp.pipelines.simulate import SimulateConfig
 from kvldp.pipelines.sources import DataConfig
 from kvldp.plots import figures
@@ -245,7 +245,7 @@ def run_numpy(config: SimulateConfig, beam_args, methods=None) -> dict:
     dataset = sources.built_in_dataset(data, seeds.data)
     if dataset is None:
         raise ValueError("--engine numpy runs built-in datasets only (synthetic-*, clothing, movielens-100k)")
-    ioh_keys = mechanism_args.resolve_ioh_keys(config.mechanism, data, beam_args, dataset.key_names, dataset, None)
+    ioh_keys = mechanism_config.resolve_ioh_keys(config.mechanism, data, beam_args, dataset.key_names, dataset, None)
     mechanism = config.mechanism.make(dataset.d, dataset, ioh_keys)
     result = run_local(mechanism, dataset, seeds.perturb, data.sized_for(mechanism, dataset.d).sized_batch)
     methods = tuple(dict.fromkeys(methods or (config.postprocess,)))

@@ -47,7 +47,6 @@ from collections.abc import Sequence
 import apache_beam as beam
 import numpy as np
 
-from kvldp.cli.mechanism_args import MechanismConfig
 from kvldp.datasets import Dataset, InMemoryDataset
 from kvldp.mechanisms.frequency.padding import (
     DEFAULT_COVERAGE,
@@ -59,6 +58,7 @@ from kvldp.mechanisms.frequency.padding import (
 )
 from kvldp.mechanisms.params import AUTO
 from kvldp.pipelines import sources
+from kvldp.pipelines.mechanism_config import MechanismConfig
 from kvldp.pipelines.sources import DataConfig
 from kvldp.runtime import jobs as runner
 

@@ -9,14 +9,13 @@ import time
 
 import apache_beam as beam
 
-from kvldp.cli import mechanism_args
-from kvldp.cli.mechanism_args import MechanismConfig
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.estimation.postprocess import DEFAULT as DEFAULT_POSTPROCESS
 from kvldp.mechanisms.privacy.randomness import noise_generator_name
 from kvldp.mechanisms.protocol import Collection, no_count_draw
-from kvldp.pipelines import devices, outputs, sources
+from kvldp.pipelines import devices, mechanism_config, outputs, sources
 from kvldp.pipelines.graphs import ioh_counts_file, protocol_summary, simulate_graph
+from kvldp.pipelines.mechanism_config import MechanismConfig
 from kvldp.pipelines.padding import resolve_padding
 from kvldp.pipelines.query import print_queries
 from kvldp.pipelines.sources import DataConfig
@@ -71,7 +70,7 @@ def execute(config: SimulateConfig, beam_args) -> dict:
     dataset = sources.built_in_dataset(data, seeds.data)
     dictionary, set_sizes = (None, None) if dataset is not None else sources.key_dictionary_and_sizes(data, beam_args)
     key_names = dataset.key_names if dataset is not None else dictionary
-    ioh_keys = mechanism_args.resolve_ioh_keys(chosen, data, beam_args, key_names, dataset, dictionary)
+    ioh_keys = mechanism_config.resolve_ioh_keys(chosen, data, beam_args, key_names, dataset, dictionary)
     padding = resolve_padding(chosen, data, beam_args, dataset, dictionary, set_sizes)
     if config.queries and ioh_keys is None:
         raise ValueError("--query needs an IOH mechanism (ioh-oue, ioh-sue)")

@@ -19,15 +19,14 @@ import fastavro
 from apache_beam.io.filesystems import FileSystems
 
 from kvldp import schemas
-from kvldp.cli import mechanism_args
-from kvldp.cli.mechanism_args import MechanismConfig
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms.estimation.postprocess import DEFAULT as DEFAULT_POSTPROCESS
 from kvldp.mechanisms.params import AUTO
 from kvldp.mechanisms.protocol import Collection
-from kvldp.pipelines import devices, manifest, outputs, run_seed, sources
+from kvldp.pipelines import devices, manifest, mechanism_config, outputs, run_seed, sources
 from kvldp.pipelines.devices import LedgerConfig
 from kvldp.pipelines.graphs import collect_graph, ioh_counts_file
+from kvldp.pipelines.mechanism_config import MechanismConfig
 from kvldp.pipelines.padding import padding_from_reports, resolve_padding
 from kvldp.pipelines.sources import DataConfig
 from kvldp.plots import tables as report
@@ -188,7 +187,7 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
     dataset = sources.built_in_dataset(data, seeds.data)
     dictionary, set_sizes = (None, None) if dataset is not None else sources.key_dictionary_and_sizes(data, beam_args)
     key_names = dataset.key_names if dataset is not None else dictionary
-    ioh_keys = mechanism_args.resolve_ioh_keys(chosen, data, beam_args, key_names, dataset, dictionary)
+    ioh_keys = mechanism_config.resolve_ioh_keys(chosen, data, beam_args, key_names, dataset, dictionary)
     padding = resolve_padding(chosen, data, beam_args, dataset, dictionary, set_sizes)  # 'auto' -> l; warns
     mechanism = chosen.make(len(key_names), dataset, ioh_keys, padding=padding.l)
     data = data.sized_for(mechanism, len(key_names))
@@ -361,7 +360,7 @@ def run_collect(config: CollectConfig, beam_args) -> dict:
     chosen, ioh_keys = config.mechanism, None
     if chosen.takes_ioh_keys():
         # the chosen keys travel with the reports; --ioh-keys may restate them
-        ioh_keys = mechanism_args.named_keys(chosen.ioh_keys, names) if chosen.ioh_keys else found.get("ioh_keys")
+        ioh_keys = mechanism_config.named_keys(chosen.ioh_keys, names) if chosen.ioh_keys else found.get("ioh_keys")
     # --padding auto: the l the perturbing side chose, read from the reports' config
     padding = padding_from_reports(chosen, config.input, found)
     mechanism = chosen.make(len(names), ioh_keys=ioh_keys, padding=padding)

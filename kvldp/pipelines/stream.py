@@ -24,11 +24,11 @@ import dataclasses
 
 import apache_beam as beam
 
-from kvldp.cli.mechanism_args import MechanismConfig
 from kvldp.mechanisms.estimation.postprocess import DEFAULT as DEFAULT_POSTPROCESS
 from kvldp.mechanisms.estimation.postprocess import postprocess
 from kvldp.mechanisms.protocol import Collection
 from kvldp.pipelines import split
+from kvldp.pipelines.mechanism_config import MechanismConfig
 from kvldp.runtime.tally import JobCounter
 from kvldp.schemas import envelope
 from kvldp.transforms.report_messages import KafkaSource, PubSubSource, ReadReportMessages

@@ -24,8 +24,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 from kvldp.brokers import kafka as kafka_admin
 from kvldp.brokers.pubsub import check_reachable, ensure_subscription
-from kvldp.cli import mechanism_args
-from kvldp.pipelines import split
+from kvldp.pipelines import mechanism_config, split
 from kvldp.pipelines.stream import (
     BROADCASTS_PUBLISHED,
     DEAD_LETTERS_PUBLISHED,
@@ -294,7 +293,7 @@ def start(config: StreamConfig, beam_args) -> StartedStream:
                              "(kvldp publish --create-topic makes it)")
     names = split.collect_key_names(config)
     protocol = config.mechanism.make(len(names), ioh_keys=(
-        mechanism_args.named_keys(config.mechanism.ioh_keys, names) if config.mechanism.ioh_keys else None))
+        mechanism_config.named_keys(config.mechanism.ioh_keys, names) if config.mechanism.ioh_keys else None))
     if protocol.max_rounds > 1:
         if not config.collection_id:
             raise ValueError(f"{protocol.name} runs several rounds: name the collection with --collection-id "
