@@ -41,11 +41,11 @@ setup(
         # kvldp publish --kafka-bootstrap (the collector reads Kafka with Beam's KafkaIO on Flink)
         "kafka": ["confluent-kafka>=2.6,<3"],
         "test": ["pytest>=7", "pytest-xdist>=3.5", "gcp-storage-emulator>=2026.7.18", "apache-beam[gcp]>=2.62,<2.78",
-                 "confluent-kafka>=2.6,<3", "radon>=6"],
+                 "confluent-kafka>=2.6,<3", "radon>=6", "hypothesis>=6.100"],
         # kvldp bench --sweep --kernels: the peer LDP libraries, timed next to kvldp
         "bench": ["pure-ldp==1.2.0", "multi-freq-ldpy==0.2.5", "scikit-learn", "statsmodels"],   # pure-LDP imports both
         # the docs site: mkdocs.yml, `mkdocs build --strict` (API reference by mkdocstrings, pages made by docs/hooks.py)
-        "docs": ["mkdocs>=1.6", "mkdocstrings[python]>=0.27", "mkdocs-material>=9.5"],
+        "docs": ["mkdocs>=1.6,<2", "mkdocstrings[python]>=0.27", "mkdocs-material>=9.5"],
     },
     entry_points={"console_scripts": ["kvldp = kvldp.runtime.start:main"]},
 )

@@ -8,8 +8,12 @@ pytest.ini deselects slow tests by default (``-m "not slow"``); run them with
 
 import os
 import sys
+import tempfile
 
 import pytest
+
+# Hypothesis keeps its example database and caches in ./.hypothesis: outside the checkout, per run
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp(prefix="kvldp-hypothesis-"))
 
 
 @pytest.fixture(autouse=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import os
 import re
 
@@ -17,7 +18,10 @@ def parse_duration(text: str) -> float:
     if not match:
         raise argparse.ArgumentTypeError(f"a duration is a number with an optional unit ms, s, m, h or d "
                                          f"(e.g. 30s, 1h), got {text!r}")
-    return float(match.group(1)) * _SECONDS[match.group(2)]
+    seconds = float(match.group(1)) * _SECONDS[match.group(2)]
+    if not math.isfinite(seconds):
+        raise argparse.ArgumentTypeError(f"a duration must be finite, got {text!r}")
+    return seconds
 
 
 BYTES_PATTERN = r"^\s*([0-9]*\.?[0-9]+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB|K|M|G|T)?\s*$"
@@ -34,7 +38,10 @@ def parse_bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(f"a size is a number with an optional unit (e.g. 512MiB, 2GiB, 1G), "
                                          f"got {text!r}")
     unit = match.group(2).lower() if match.group(2) else None
-    value = int(float(match.group(1)) * _BYTE_UNITS[unit])
+    size = float(match.group(1)) * _BYTE_UNITS[unit]
+    if not math.isfinite(size):
+        raise argparse.ArgumentTypeError(f"a size must be finite, got {text!r}")
+    value = int(size)
     if value < 2**20:
         raise argparse.ArgumentTypeError(f"must be at least 1 MiB, got {text!r}")
     return value
@@ -46,7 +53,9 @@ def parse_instant_ms(text: str) -> int:
     text = str(text).strip()
     if text == "now":
         return int(dt.datetime.now(dt.timezone.utc).timestamp() * 1000)
-    if text.isdigit():
+    if text.isascii() and text.isdigit():      # "²".isdigit() too, which int() refuses
+        if len(text) > 18:                      # past the year 33658: a typo, and int() refuses 4,300 digits
+            raise argparse.ArgumentTypeError(f"an instant in ms since the epoch has at most 18 digits, got {text!r}")
         return int(text)
     try:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
