@@ -145,8 +145,9 @@ class CheckMessageFn(beam.DoFn):
     -> ``(message id, RoundBatch)``, or a dead letter: attributes missing or
     not integers, another configuration (fingerprint), a round attribute
     that disagrees with it, an event time that is not the message's
-    timestamp or is too far in the future, or a body that does not decode as
-    that round's reports. ``expected``: ``expected_rounds``."""
+    timestamp or is too far in the future, a body that does not decode as
+    that round's reports, or reports the round's count refuses (values no
+    honest client makes). ``expected``: ``expected_rounds``."""
 
     def __init__(self, protocol, expected: dict, max_future: float, job: str):
         self._protocol, self._expected = protocol, dict(expected)
@@ -200,6 +201,11 @@ class CheckMessageFn(beam.DoFn):
                 kind.concat_columns([p.columns() for p in parts]), batch, **self._protocol.report_shape(round_index))
         except Exception as err:  # any undecodable body is a dead letter, never a crash in a worker
             raise _Reject("undecodable body", f"{type(err).__name__}: {err}") from None
+        try:   # a report no honest client makes (a sign of 0, a position past the domain) is refused here:
+            # in the combine it would fail the job, and every retry of it, on one device's message
+            self._protocol.accumulate_round(round_index, self._protocol.new_round_counts(round_index), reports)
+        except ValueError as err:
+            raise _Reject("invalid reports", str(err)) from None
         if reports.batch_id != batch:
             reports = dataclasses.replace(reports, batch_id=batch)
         layout = (container.config or {}).get(envelope.LAYOUT, "")
