@@ -23,6 +23,7 @@ from kvldp.mechanisms.privacy.accountant import (
     check_split,
     exact,
     fits,
+    fits_each,
     fits_window,
 )
 from kvldp.mechanisms.privacy.ledger import SimulatedLedger
@@ -101,6 +102,8 @@ def test_a_window_of_many_devices_is_checked_exactly():
         spent = [sum((exact(c) for c, m in window if m[i]), Fraction(0)) for i in range(50)]
         want = [fits(s, x, budget) for s, x in zip(spent, charge, strict=True)]
         assert got.tolist() == want, budget
+        floats = np.array([float(s) for s in spent])
+        assert fits_each(floats, charge, budget).tolist() == want, budget
 
 
 def test_the_simulated_and_the_stored_ledger_decide_alike(tmp_path):

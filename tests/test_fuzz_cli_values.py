@@ -26,7 +26,7 @@ from kvldp.cli import units
 PARSERS = {
     "duration": units.parse_duration, "bytes": units.parse_bytes, "instant": units.parse_instant_ms,
     "path": units.path_arg, "fraction": units.fraction, "positive_int": units.positive_int,
-    "topic": units.pubsub_path("topics"), "subscription": units.pubsub_path("subscriptions"),
+    "non_negative": units.non_negative, "topic": units.pubsub_path("topics"), "subscription": units.pubsub_path("subscriptions"),
 }
 
 # text near what the parsers accept: numbers with units, dates, long digit runs, odd digits and spaces
@@ -40,7 +40,7 @@ NEAR = st.one_of(
 
 
 def _check(kind: str, value):
-    if kind in ("duration", "fraction"):
+    if kind in ("duration", "fraction", "non_negative"):
         assert isinstance(value, float) and math.isfinite(value) and value >= 0
         if kind == "fraction":
             assert value <= 1
@@ -72,6 +72,7 @@ def test_every_string_is_a_value_or_a_one_line_error(kind, text):
     ("bytes", "9" * 400),               # OverflowError: float infinity to integer
     ("bytes", "9" * 400 + "GiB"),
     ("duration", "9" * 400),            # was accepted: an infinite window
+    ("non_negative", "inf"),            # --period-budget inf: the accountant refuses it deep in the job
 ])
 def test_what_the_fuzzer_found_is_a_one_line_error(kind, text):
     with pytest.raises(argparse.ArgumentTypeError):

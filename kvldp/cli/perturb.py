@@ -6,7 +6,7 @@ import argparse
 
 from kvldp.cli import data_args, mechanism_args
 from kvldp.cli.job_args import add_overwrite_arg, add_round_arguments, collection_id
-from kvldp.cli.units import parse_duration, parse_instant_ms, path_arg
+from kvldp.cli.units import non_negative, parse_duration, parse_instant_ms, path_arg
 from kvldp.pipelines import devices
 
 
@@ -25,16 +25,6 @@ def add_arguments(parser: argparse.ArgumentParser, output_required: bool = True)
                         help="REPORTS.avro: writes REPORTS-NNNNN.avro (one per batch) and REPORTS.keys.txt"
                              + ("" if output_required else " (default: ./kvldp-published/REPORTS.avro)"))
     add_overwrite_arg(parser)
-
-
-def non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
-    return value
 
 
 def add_ledger_args(parser: argparse.ArgumentParser):

@@ -49,7 +49,7 @@ import numpy as np
 
 from kvldp.mechanisms.base import UserBatch
 from kvldp.mechanisms.kv.longitudinal import Longitudinal
-from kvldp.mechanisms.privacy.accountant import exact, fits
+from kvldp.mechanisms.privacy.accountant import exact, fits_each
 from kvldp.mechanisms.privacy.memo import DeviceKeys, config_digest
 
 SCHEMA = """
@@ -155,15 +155,16 @@ class PrivacyLedger:
             spent = dict(db.execute(
                 "SELECT b.i, SUM(s.charge) FROM batch b JOIN spends s ON s.device = b.device "
                 "AND s.reported = 1 AND s.at > ? GROUP BY b.i", (policy.at - policy.period,)))
-            reports, charges, new = np.zeros(n, bool), np.zeros(n), []
-            for i, device, fp in rows:
-                if i in decided:                                  # a retry: the recorded decision
-                    reports[i], charges[i] = bool(decided[i][0]), decided[i][1]
-                    continue
-                charge = 0.0 if i in seen else policy.cost
-                ok = fits(spent.get(i, 0.0), charge, policy.budget)
-                reports[i], charges[i] = ok, charge if ok else 0.0
-                new.append((device, policy.collection, fp, policy.at, charges[i], int(ok)))
+            # a retry finds its recorded decision; every other device is decided at once, by the accountant
+            fresh, charge, held = np.ones(n, dtype=bool), np.full(n, float(policy.cost)), np.zeros(n)
+            fresh[list(decided)], charge[list(seen)] = False, 0.0
+            held[list(spent)] = list(spent.values())
+            reports = fresh & fits_each(held, charge, policy.budget)
+            charges = np.where(reports, charge, 0.0)
+            for i, (reported, paid) in decided.items():
+                reports[i], charges[i] = bool(reported), paid
+            new = [(device, policy.collection, fp, policy.at, float(charges[i]), int(reports[i]))
+                   for i, device, fp in rows if fresh[i]]
             db.executemany("INSERT INTO spends VALUES (?, ?, ?, ?, ?, ?)", new)
         return Admission(reports, charges)
 

@@ -62,6 +62,18 @@ def fits(spent, charge, budget) -> bool:
     return budget is None or exact(spent) + exact(charge) <= exact(budget)
 
 
+def fits_each(spent: np.ndarray, charge: np.ndarray, budget) -> np.ndarray:
+    """``fits`` for each device ``i``: ``spent[i] + charge[i] <= budget``,
+    exactly; each distinct (spent, charge) pair is read once, so a batch of
+    10^5 devices costs a handful of fraction reads."""
+    spent, charge = np.asarray(spent, dtype=float), np.asarray(charge, dtype=float)
+    if budget is None:
+        return np.ones(spent.shape, dtype=bool)
+    pairs, index = np.unique(np.stack([spent.ravel(), charge.ravel()]), axis=1, return_inverse=True)
+    verdicts = np.array([fits(s, c, budget) for s, c in pairs.T], dtype=bool)
+    return verdicts[index.ravel()].reshape(spent.shape)
+
+
 def check_split(shares: Sequence[float], what: str = "shares"):
     """A split of one budget: every share in (0, 1), adding up to 1 exactly."""
     if any(not 0 < s < 1 for s in shares) or sum(exact(s) for s in shares) != 1:
