@@ -26,7 +26,8 @@ from kvldp.cli import units
 PARSERS = {
     "duration": units.parse_duration, "bytes": units.parse_bytes, "instant": units.parse_instant_ms,
     "path": units.path_arg, "fraction": units.fraction, "positive_int": units.positive_int,
-    "non_negative": units.non_negative, "topic": units.pubsub_path("topics"), "subscription": units.pubsub_path("subscriptions"),
+    "non_negative": units.non_negative, "topic": units.pubsub_path("topics"),
+    "subscription": units.pubsub_path("subscriptions"),
 }
 
 # text near what the parsers accept: numbers with units, dates, long digit runs, odd digits and spaces

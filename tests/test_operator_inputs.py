@@ -94,7 +94,8 @@ def test_a_worker_side_failure_is_one_line_naming_the_transform(tmp_path, capsys
     assert lines[0].endswith("R-*.avro: no manifest, collected unchecked") and len(lines) == 2, lines
     failure = lines[1]
     # the cause (the cut block: its codec's or Avro's end of data), the element (which file) and the transform
-    assert re.match(rf"kvldp collect: failed: {re.escape(str(report))}: (EOFError|ZstdError): ", failure), failure
+    assert re.match(rf"kvldp collect: failed: {re.escape(str(report))}: InvalidFile: not a valid report file "
+                    r"\((EOFError|ZstdError): ", failure), failure
     assert "(in ReadReports/ReadReportFiles)" in failure
     assert "KVLDP_DEBUG=1" in failure
     monkeypatch.setenv("KVLDP_DEBUG", "1")

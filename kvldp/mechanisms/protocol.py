@@ -220,6 +220,15 @@ class Protocol(abc.ABC):
     def accumulate_round(self, round_index: int, counts: np.ndarray, reports: Reports) -> np.ndarray:
         """Add reports of round ``round_index`` into ``counts`` (in place)."""
 
+    def check_reports(self, round_index: int, reports: Reports) -> None:
+        """Raise ``ValueError`` if ``reports`` hold a value no honest client
+        makes (a PCKV sign of 0, a position past the domain, …): they are
+        counted once into scratch counts, so the checks are exactly the
+        count's own. The collector calls it where it can still refuse one
+        file or message (a dead letter, a one-line error naming the file)
+        instead of failing the combine that sums everyone's reports."""
+        self.accumulate_round(round_index, self.new_round_counts(round_index), reports)
+
     def merge_round(self, round_index: int, counts) -> np.ndarray:
         out = self.new_round_counts(round_index)
         for c in counts:

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from apache_beam.io.filesystems import FileSystems
 
 from kvldp.schemas import envelope
+from kvldp.schemas.invalid import InvalidFile, one_line, reading
 
 FORMAT = "kvldp-reports-manifest/1"
 _BATCH_FILE = re.compile(r"^(?P<prefix>.*)-(?P<batch>\d{5,})\.avro$")
@@ -109,11 +110,38 @@ def read_manifest(prefix: str) -> dict | None:
     path = manifest_path(prefix)
     if not FileSystems.exists(path):
         return None
-    with FileSystems.open(path) as fh:
+    with FileSystems.open(path) as fh, reading(path, f"reports manifest ({FORMAT})"):
         manifest = json.loads(fh.read().decode("utf-8"))
-    if manifest.get("format") != FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ManifestMismatch(f"{path} is not a kvldp reports manifest ({FORMAT})")
+    problem = _shape_problem(manifest)
+    if problem:
+        raise InvalidFile(f"{path}: not a valid reports manifest ({FORMAT}): {one_line(problem)}")
     return manifest
+
+
+_NUMBER = (int, float)
+_FIELDS = {"status": str, "config": dict, "key_dictionary_sha256": str, "keys": int, "files": list, "reports": int}
+_FILE_FIELDS = {"name": str, "bytes": int, "sha256": str, "records": int}
+
+
+def _shape_problem(manifest: dict) -> str | None:
+    """What is missing or of the wrong type in a parsed manifest (``None``:
+    nothing): the readers index it without further checks."""
+    files = manifest.get("files") if isinstance(manifest.get("files"), list) else []
+    for fields, where in [(_FIELDS, manifest)] + [(_FILE_FIELDS, f) for f in files]:
+        if not isinstance(where, dict):
+            return f"a files entry is {type(where).__name__}, not an object"
+        for name, kind in fields.items():
+            if name == "status" and name not in where:      # manifests before the status field: complete
+                continue
+            if not isinstance(where.get(name), kind) or isinstance(where.get(name), bool):
+                return f"{name} is {where.get(name)!r}, not {kind.__name__}"
+    scale = manifest.get("rating_range")
+    if scale is not None and not (isinstance(scale, list) and len(scale) == 2
+                                  and all(isinstance(x, _NUMBER) and not isinstance(x, bool) for x in scale)):
+        return f"rating_range is {scale!r}, not two numbers"
+    return None
 
 
 def rating_scale(pattern: str) -> tuple[float, float] | None:
@@ -149,8 +177,9 @@ def check_delivery(pattern: str, key_names: Sequence[str], allow_partial: bool =
             notes.append(f"{prefix}-*.avro: no manifest, collected unchecked")
             continue
         if manifest.get("status", "complete") != "complete":
+            why = one_line(manifest.get("failure", "no reason given"))
             raise ManifestMismatch(
-                f"the ingest that wrote {prefix}-*.avro failed ({manifest.get('failure', 'no reason given')}); "
+                f"the ingest that wrote {prefix}-*.avro failed ({why}); "
                 "collect refuses its reports: fix the input and rerun perturb")
         if manifest["key_dictionary_sha256"] != fingerprint:
             raise ManifestMismatch(

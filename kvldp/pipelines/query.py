@@ -15,7 +15,7 @@ import fastavro
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from kvldp.mechanisms.kv.ioh import calibrate_cells
+from kvldp.mechanisms.kv.ioh import MAX_IOH_KEYS, calibrate_cells
 from kvldp.mechanisms.kv.query import (
     CellTable,
     axis_of,
@@ -24,6 +24,7 @@ from kvldp.mechanisms.kv.query import (
     parse_query,
     true_conditional,
 )
+from kvldp.schemas.invalid import InvalidFile, one_line, reading
 
 
 @dataclasses.dataclass
@@ -45,11 +46,33 @@ class CountsFile:
 
 
 def load_counts(path: str) -> CountsFile:
-    with FileSystems.open(path) as fh:
+    """The one record of an IOH counts file, checked so that every query on it is defined."""
+    with FileSystems.open(path) as fh, reading(path, "IOH counts file (ioh_counts.avsc)"):
         records = list(fastavro.reader(fh))
-    if len(records) != 1:
-        raise ValueError(f"{path} should hold one IOH counts record, found {len(records)}")
+        if len(records) != 1:
+            raise ValueError(f"{path} should hold one IOH counts record, found {len(records)}")
+        problem = _counts_problem(records[0])
+    if problem:
+        raise InvalidFile(f"{path}: not a valid IOH counts file: {one_line(problem)}")
     return CountsFile(records[0])
+
+
+def _counts_problem(r: dict) -> str | None:
+    """Why a counts record cannot be calibrated (``None``: it can): ``k``
+    distinct keys, ``3^k`` cell sums in ``[0, n]``, ``0 <= q < p <= 1``."""
+    keys, support, n = r["keys"], r["support"], r["n_reports"]
+    if not 1 <= len(keys) <= MAX_IOH_KEYS or len(set(keys)) != len(keys):
+        return f"{len(keys)} keys ({len(set(keys))} distinct), 1 … {MAX_IOH_KEYS} distinct expected"
+    if len(support) != 3 ** len(keys):
+        return f"{len(support)} cell sums for {len(keys)} keys, {3 ** len(keys)} expected"
+    if n < 0 or any(not 0 <= c <= n for c in support):
+        return f"cell sums outside [0, n_reports = {n}]"
+    if not (math.isfinite(r["p"]) and math.isfinite(r["q"]) and 0 <= r["q"] < r["p"] <= 1):
+        return f"p = {r['p']!r}, q = {r['q']!r}: 0 <= q < p <= 1 expected"
+    truth = r.get("truth")
+    if truth is not None and (len(truth) != 2 ** len(keys) * (1 + len(keys)) or not all(map(math.isfinite, truth))):
+        return f"truth holds {len(truth)} values, {2 ** len(keys) * (1 + len(keys))} finite ones expected"
+    return None
 
 
 def describe(given, keys) -> str:

@@ -242,7 +242,12 @@ def read_dictionary(path: str) -> list[str]:
     kept exactly, whitespace included (stripping it made ``"A"`` and ``"A "``
     one key); only the line terminators (``\\n``, ``\\r\\n``) and empty lines go."""
     with FileSystems.open(path) as fh:
-        text = fh.read().decode("utf-8")
+        data = fh.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"key dictionary {path} is not UTF-8 text (byte {data[err.start]:#04x} at offset "
+                         f"{err.start}): one item id per line, UTF-8") from None
     names = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
     names = [name for name in names if name]
     if len(set(names)) != len(names):

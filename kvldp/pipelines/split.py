@@ -31,6 +31,7 @@ from kvldp.pipelines.padding import padding_from_reports, resolve_padding
 from kvldp.pipelines.sources import DataConfig
 from kvldp.plots import tables as report
 from kvldp.runtime import jobs as runner
+from kvldp.schemas.invalid import reading
 from kvldp.schemas.records import broadcast_records, state_from_broadcast
 from kvldp.transforms.io import (
     ReadReports,
@@ -98,9 +99,9 @@ class PerturbConfig:
 
 def read_broadcast(path: str, key_names, protocol):
     """The collector's state after the previous round, checked against ``protocol``."""
-    with FileSystems.open(path) as fh:
+    with FileSystems.open(path) as fh, reading(path, "broadcast file (broadcast.avsc)"):
         records = list(fastavro.reader(fh))
-    state, config = state_from_broadcast(records, key_names, protocol)
+        state, config = state_from_broadcast(records, key_names, protocol)
     if config != json.loads(json.dumps(dict(protocol.config()))):
         raise ValueError(f"{path} was written by {config}, not by {dict(protocol.config())}")
     if state.collection is None:

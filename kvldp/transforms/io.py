@@ -22,6 +22,7 @@ from kvldp import schemas
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE, Reports
 from kvldp.runtime import tally
 from kvldp.schemas import envelope
+from kvldp.schemas.invalid import reading
 from kvldp.transforms.coders import ArrayPayloadCoder  # noqa: F401  (registers the coders)
 from kvldp.transforms.context import element_context
 
@@ -76,10 +77,13 @@ class _ReadReportFileFn(beam.DoFn):
         self._read = tally.counter("reports_read")
 
     def process(self, readable):
-        with element_context(readable.metadata.path), readable.open() as fh:
-            container = envelope.ReportContainer(fh, readable.metadata.path)
-            container.check(self._config, self._protocol.round_report_type(self._round), readable.metadata.path)
+        path = readable.metadata.path
+        with element_context(path), readable.open() as fh, reading(path, "report file"):
+            container = envelope.ReportContainer(fh, path)
+            container.check(self._config, self._protocol.round_report_type(self._round), path)
             for reports in container.batches(self._protocol, self._round, rows=self._rows):
+                # a report no honest client makes fails this file by name, not the combine of all of them
+                self._protocol.check_reports(self._round, reports)
                 self._read.inc(reports.n_reports)
                 yield reports
 
@@ -92,7 +96,7 @@ def report_configs(pattern: str) -> dict[str, dict]:
         raise ValueError(f"no report files match {pattern!r}")
     out = {}
     for meta in sorted(matched, key=lambda m: m.path):
-        with FileSystems.open(meta.path) as fh:
+        with FileSystems.open(meta.path) as fh, reading(meta.path, "report file"):
             out[meta.path] = envelope.ReportContainer(fh, meta.path).config or {}
     return out
 

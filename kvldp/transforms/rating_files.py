@@ -16,6 +16,7 @@ import dataclasses
 import io
 import itertools
 import json
+import math
 
 import apache_beam as beam
 import fastavro
@@ -25,6 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE
 from kvldp.runtime import tally
+from kvldp.schemas.invalid import reading
 from kvldp.transforms import csv_blocks
 from kvldp.transforms.coders import register_payload_type
 from kvldp.transforms.context import element_context
@@ -197,7 +199,7 @@ class ParseRatingFileFn(beam.DoFn):
     def process(self, readable):
         path = readable.metadata.path
         fmt = format_of(path, self._format.fmt)
-        with element_context(path), readable.open() as fh:
+        with element_context(path), readable.open() as fh, reading(path, f"{fmt} ratings file"):
             if fmt == "csv":
                 yield from self._csv(fh, path)
             else:
@@ -353,6 +355,9 @@ class ParseRatingFileFn(beam.DoFn):
             raise ValueError(f"{path}: not a readable Avro file (its header: {err}); truncated, or not Avro "
                              "(--input-format)") from None
         for line, record in enumerate(reader, start=1):
+            if not isinstance(record, dict):      # an Avro file of arrays or strings: not one rating per record
+                yield line, _bad(f"malformed row: an Avro {type(record).__name__}, not a record", repr(record)[:200])
+                continue
             yield line, _unbad(self._fields(record))
 
 
@@ -383,9 +388,15 @@ def _is_unicode(text: str) -> bool:
 
 def _printable(record) -> dict:
     """A record as a dead letter can hold it: values JSON can write, and
-    text UTF-8 can encode (an unpaired surrogate as its ``\\udXXX`` escape)."""
-    return {k: (_utf8_text(v) if isinstance(v, str) else v if isinstance(v, (int, float, type(None))) else repr(v))
+    text UTF-8 can encode (an unpaired surrogate as its ``\\udXXX`` escape),
+    numbers JSON has (NaN and infinities as their ``repr``)."""
+    return {k: (_utf8_text(v) if isinstance(v, str) else v if _json_number(v) else repr(v))
             for k, v in record.items()}
+
+
+def _json_number(v) -> bool:
+    """JSON has no NaN or infinity (a dead letter of ``NaN`` is not JSON a reader like jq accepts)."""
+    return v is None or isinstance(v, int) or (isinstance(v, float) and math.isfinite(v))
 
 
 def _utf8_text(text: str) -> str:

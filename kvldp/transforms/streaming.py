@@ -201,9 +201,8 @@ class CheckMessageFn(beam.DoFn):
                 kind.concat_columns([p.columns() for p in parts]), batch, **self._protocol.report_shape(round_index))
         except Exception as err:  # any undecodable body is a dead letter, never a crash in a worker
             raise _Reject("undecodable body", f"{type(err).__name__}: {err}") from None
-        try:   # a report no honest client makes (a sign of 0, a position past the domain) is refused here:
-            # in the combine it would fail the job, and every retry of it, on one device's message
-            self._protocol.accumulate_round(round_index, self._protocol.new_round_counts(round_index), reports)
+        try:   # in the combine a report no honest client makes would fail the job, and every retry of it
+            self._protocol.check_reports(round_index, reports)
         except ValueError as err:
             raise _Reject("invalid reports", str(err)) from None
         if reports.batch_id != batch:
