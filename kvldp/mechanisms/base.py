@@ -149,6 +149,11 @@ class Reports(abc.ABC):
     def empty(cls, batch_id: int = 0, **shape) -> Reports:
         """A batch of no reports."""
 
+    def check_entries(self) -> None:
+        """Raise ``ValueError`` on a structure no honest client sends (the
+        value checks are the count's own, ``Protocol.check_reports``). A
+        batch of fixed-width fields (OLH's, IOH's packed bits) has none."""
+
     def columns(self) -> dict[str, np.ndarray]:
         """The batch as named arrays (``report_columns.avsc``): every array
         field, in declaration order. Types whose arrays hold redundancy
@@ -215,6 +220,23 @@ class ReportBatch(Reports):
     @property
     def n_reports(self) -> int:
         return len(self.offsets) - 1
+
+    def check_entries(self) -> None:
+        """Refuse entries no honest client sends: every client lists a
+        position at most once, in increasing order (one entry for the GRR
+        kinds). A crafted report that lists key ``k`` 10,000 times would add
+        10,000 to ``k``'s count -- one device moving ``f_k`` as 10,000 users
+        could; with this check one report adds at most 1 to any count, the
+        bound ``docs/reliability.md`` states. O(entries), vectorised."""
+        sizes = np.diff(self.offsets)
+        if self.offsets[0] != 0 or np.any(sizes < 0):
+            raise ValueError("report offsets must start at 0 and never decrease")
+        steps = np.diff(self.positions)
+        within = np.ones(len(steps), dtype=bool)
+        ends = self.offsets[1:-1] - 1                 # a report's last entry: the step after it starts the next
+        within[ends[(ends >= 0) & (ends < len(steps))]] = False
+        if np.any(steps[within] <= 0):
+            raise ValueError("a report lists a position twice or out of order: no client sends that")
 
     @classmethod
     def concat(cls, batches: Sequence[ReportBatch], batch_id: int = 0) -> ReportBatch:

@@ -226,7 +226,10 @@ class Protocol(abc.ABC):
         counted once into scratch counts, so the checks are exactly the
         count's own. The collector calls it where it can still refuse one
         file or message (a dead letter, a one-line error naming the file)
-        instead of failing the combine that sums everyone's reports."""
+        instead of failing the combine that sums everyone's reports.
+        Entries a client never sends (a position listed twice) are refused
+        too: with them one report could add more than 1 to a count."""
+        reports.check_entries()
         self.accumulate_round(round_index, self.new_round_counts(round_index), reports)
 
     def merge_round(self, round_index: int, counts) -> np.ndarray:
