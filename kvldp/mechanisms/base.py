@@ -153,7 +153,7 @@ class Reports(abc.ABC):
         """Raise ``ValueError`` on a structure no honest client sends (the
         value checks are the count's own, ``Protocol.check_reports``). A
         batch of fixed-width fields (OLH's, IOH's packed bits) has none."""
-        return None
+        return
 
     def columns(self) -> dict[str, np.ndarray]:
         """The batch as named arrays (``report_columns.avsc``): every array
