@@ -18,9 +18,9 @@ import argparse
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fuzz_harness import CAMPAIGN_CASES, campaign
 from kvldp.cli import units
 
 PARSERS = {
@@ -53,18 +53,29 @@ def _check(kind: str, value):
         assert isinstance(value, str) and value
 
 
-@settings(max_examples=2500, derandomize=True, database=None, deadline=None,
-          suppress_health_check=list(HealthCheck))
-@given(kind=st.sampled_from(sorted(PARSERS)), text=NEAR)
-def test_every_string_is_a_value_or_a_one_line_error(kind, text):
+def check_value(case) -> str:
+    kind, text = case
     try:
         value = PARSERS[kind](text)
     except argparse.ArgumentTypeError as err:
         message = str(err)
     else:
         _check(kind, value)
-        return
+        return "accepted"
     assert message and "\n" not in message
+    return "refused"
+
+
+CASES = st.tuples(st.sampled_from(sorted(PARSERS)), NEAR)
+
+
+def test_every_string_is_a_value_or_a_one_line_error():
+    campaign(CASES, check_value, 2500, "CLI values")
+
+
+@pytest.mark.slow
+def test_campaign_every_string_is_a_value_or_a_one_line_error():
+    campaign(CASES, check_value, CAMPAIGN_CASES, "CLI values")
 
 
 @pytest.mark.parametrize("kind, text", [

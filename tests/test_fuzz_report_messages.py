@@ -25,12 +25,13 @@ import dataclasses
 import time
 
 import numpy as np
+import pytest
 from apache_beam.io.gcp.pubsub import PubsubMessage
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.utils.timestamp import Timestamp
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fuzz_harness import CAMPAIGN_CASES, campaign
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms import registry
 from kvldp.schemas import envelope
@@ -44,10 +45,6 @@ BODY = envelope.reports_bytes(MECH.perturb(USERS, np.random.default_rng(1)), CON
 ATTRIBUTES = envelope.message_attributes(CONFIG, 3, 1, NOW_MS, "0123456789abcdef")
 REASONS = {"malformed attributes", "config fingerprint", "round", "future event time", "undecodable body",
            "invalid reports"}
-
-FUZZ = settings(max_examples=1500, derandomize=True, database=None, deadline=None,
-                suppress_health_check=list(HealthCheck))
-
 
 @st.composite
 def bodies(draw):
@@ -83,18 +80,30 @@ def _outcome(body: bytes, attrs: dict):
     return out[0]
 
 
-@FUZZ
-@given(body=bodies(), attrs=attributes())
-def test_every_message_is_one_batch_counted_whole_or_one_dead_letter(body, attrs):
+def check_message(case) -> str:
+    body, attrs = case
     out = _outcome(body, attrs)
     if isinstance(out, TaggedOutput):
         assert out.value["reason"] in REASONS, out.value
-        return
+        return "dead letter"
     message_id, batch = out
     assert isinstance(batch, RoundBatch) and message_id
     assert all(attrs.get(name) for name in REQUIRED_ATTRIBUTES)
     counts = MECH.accumulate_round(0, MECH.new_round_counts(0), batch.reports)
-    assert counts.sum() >= 0 and batch.n_reports >= 0
+    assert counts[0] == batch.n_reports                 # the count takes exactly the batch's reports
+    return "accepted"
+
+
+MESSAGES = st.tuples(bodies(), attributes())
+
+
+def test_every_message_is_one_batch_counted_whole_or_one_dead_letter():
+    campaign(MESSAGES, check_message, 1500, "Pub/Sub and Kafka message bodies and attributes")
+
+
+@pytest.mark.slow
+def test_campaign_every_message_is_one_batch_counted_whole_or_one_dead_letter():
+    campaign(MESSAGES, check_message, CAMPAIGN_CASES, "Pub/Sub and Kafka message bodies and attributes")
 
 
 def _crafted(**columns) -> bytes:
