@@ -22,8 +22,11 @@ letter now, ``invalid reports``.
 from __future__ import annotations
 
 import dataclasses
+import io
+import resource
 import time
 
+import fastavro
 import numpy as np
 import pytest
 from apache_beam.io.gcp.pubsub import PubsubMessage
@@ -35,6 +38,7 @@ from fuzz_harness import CAMPAIGN_CASES, campaign
 from kvldp.datasets import SyntheticDataset
 from kvldp.mechanisms import registry
 from kvldp.schemas import envelope
+from kvldp.schemas.expansion import check_expansion
 from kvldp.transforms.streaming import REQUIRED_ATTRIBUTES, CheckMessageFn, RoundBatch, expected_rounds
 
 MECH = registry.make("pckv-grr", 6, 2.0)
@@ -127,3 +131,38 @@ def test_the_fuzzer_reaches_both_outcomes():
     property above is not met vacuously by one of its branches."""
     assert not isinstance(_outcome(BODY, ATTRIBUTES), TaggedOutput)
     assert _outcome(BODY[:10], ATTRIBUTES).value["reason"] == "undecodable body"
+
+
+def _bomb(column_bytes: int, codec: str = "zstandard") -> bytes:
+    """A valid body with one column's data replaced by zeros, which compress to almost nothing."""
+    reader = fastavro.reader(io.BytesIO(BODY))
+    records = list(reader)
+    records[0]["columns"][0]["data"] = bytes(column_bytes)
+    buf = io.BytesIO()
+    fastavro.writer(buf, reader.writer_schema, records, codec=codec,
+                    metadata={k: v for k, v in reader.metadata.items() if not k.startswith("avro.")})
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("codec", ["zstandard", "deflate"])
+def test_a_body_that_inflates_a_thousandfold_is_a_dead_letter_before_it_is_inflated(codec):
+    """Before: an 18.5 KB body of 512 MB of zeros was accepted after the
+    check grew the process by 4.6 GB in 19 s (at Pub/Sub's 10 MB limit one
+    device could exhaust the collector's memory on every restart). Here 64
+    MB of zeros, so the test stays cheap; the peak may not grow by more than
+    the floor (16 MiB) and a bit."""
+    body = _bomb(64 << 20, codec)
+    assert len(body) < 100_000
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = _outcome(body, ATTRIBUTES)
+    grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start) * 1024
+    assert isinstance(out, TaggedOutput) and out.value["reason"] == "undecodable body", out
+    assert "expands past" in out.value["detail"], out.value
+    assert grew < 40 << 20, f"the check grew the process by {grew >> 20} MiB"
+
+
+def test_honest_bodies_of_every_size_pass_the_expansion_check():
+    for name, d, eps, n in [("pckv-ue", 2_000, 1.0, 3_000), ("pckv-grr", 6, 2.0, 60_000), ("ks-ue", 500, 0.5, 2_000)]:
+        mech = registry.make(name, d, eps)
+        users = next(iter(SyntheticDataset("uu", n_users=n, d=d, seed=2).batches(n)))
+        check_expansion(envelope.reports_bytes(mech.perturb(users, np.random.default_rng(2)), dict(mech.config())))

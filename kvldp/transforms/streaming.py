@@ -38,6 +38,7 @@ from apache_beam.utils.windowed_value import PaneInfoTiming
 from kvldp.mechanisms.base import Estimates
 from kvldp.runtime.tally import JobCounter
 from kvldp.schemas import envelope
+from kvldp.schemas.expansion import check_expansion
 from kvldp.transforms.collector import CollectStep
 
 DEAD_LETTER = "dead_letter"
@@ -193,6 +194,7 @@ class CheckMessageFn(beam.DoFn):
             raise _Reject("future event time", f"event time {event_ms} ms is more than "
                                                 f"{self._max_future_ms} ms ahead of the collector's clock")
         try:
+            check_expansion(message.data)        # before fastavro inflates a block whole
             container = envelope.ReportContainer(io.BytesIO(message.data))
             container.check(config, self._protocol.round_report_type(round_index), "message body", layout=False)
             parts = list(container.batches(self._protocol, round_index, batch))
