@@ -104,7 +104,8 @@ def rating_files(draw):
         writer.writerow(header)
         writer.writerows(rows)
         raw = text.getvalue().encode("utf-8", "surrogateescape")
-        # a row of empty fields renders as an empty line only when it has one field, never here
+        if any("\r" in field for row in rows for field in row):
+            n = None      # the csv module leaves a lone CR unquoted: readers (rightly) end the row there
     elif fmt == "jsonl":
         lines = []
         for _ in range(n):
@@ -132,7 +133,7 @@ def rating_files(draw):
             fastavro.writer(buf, {"type": "array", "items": "string"}, [[str(r["user"])] for r in records])
         raw = buf.getvalue()
     data = mutated(draw, raw)
-    return f"ratings.{fmt}", data, (n if data == raw else None), fmt
+    return f"ratings.{fmt}", data, (n if data == raw and n is not None else None), fmt
 
 
 def _encodable(record: dict) -> bool:
@@ -449,11 +450,18 @@ _rating = {"type": "record", "name": "r", "fields": [{"name": "user", "type": ["
                                                      {"name": "item", "type": "string"},
                                                      {"name": "rating", "type": "double"}]}
 
+_stopped = [{**r, "stopped": True} for r in fastavro.reader(io.BytesIO(BROADCAST_FILE))]
+_newline_hash = {**json.loads(MANIFEST), "key_dictionary_sha256": "\n"}
+
 # what the campaign found, smallest form; each failed before its fix (the exception it raised then)
 FOUND = {
     "a key dictionary that is not UTF-8 (UnicodeDecodeError, no file named)": (check_dictionary, b"item0\n\x80\n"),
     "a manifest that is not JSON (JSONDecodeError, no file named)": (check_manifest, b"{"),
     "a manifest without its files (KeyError: 'files')": (check_manifest, json.dumps(_no_files).encode()),
+    "a broadcast saying the protocol stopped (ValueError, no file named; the 20,000-case campaign)":
+        (check_broadcast, _avro(_stopped, schemas.load(schemas.BROADCAST))),
+    "a manifest whose dictionary hash is a line break (a two-line error; the 20,000-case campaign)":
+        (check_manifest, json.dumps(_newline_hash).encode()),
     "a truncated broadcast (IndexError/EOFError in fastavro)":
         (check_broadcast, BROADCAST_FILE[:len(BROADCAST_FILE) // 2]),
     "12 bytes asking fastavro for more memory than the machine has (MemoryError)":

@@ -184,7 +184,7 @@ def check_delivery(pattern: str, key_names: Sequence[str], allow_partial: bool =
         if manifest["key_dictionary_sha256"] != fingerprint:
             raise ManifestMismatch(
                 f"the key dictionary is not the one {prefix}-*.avro were made with ({manifest['keys']} keys, "
-                f"sha256 {manifest['key_dictionary_sha256'][:16]}…; given {len(key_names)} keys, "
+                f"sha256 {one_line(manifest['key_dictionary_sha256'][:16])}…; given {len(key_names)} keys, "
                 f"sha256 {fingerprint[:16]}…): an edited or reordered dictionary relabels every key; "
                 f"use {prefix}.keys.txt")
         listed = {f["name"]: f for f in manifest["files"]}
@@ -202,7 +202,7 @@ def check_delivery(pattern: str, key_names: Sequence[str], allow_partial: bool =
         if missing:
             lost = sum(listed[n]["records"] for n in missing)
             text = (f"{len(missing)} of {len(listed)} report files of {prefix} are missing "
-                    f"({', '.join(missing)}; {lost} of {manifest['reports']} reports)")
+                    f"({one_line(', '.join(missing))}; {lost} of {manifest['reports']} reports)")
             if not allow_partial:
                 raise ManifestMismatch(text + ": pass --allow-partial to collect the rest")
             notes.append("PARTIAL: " + text)

@@ -126,7 +126,7 @@ def protocol_state_for_round(protocol, round_number: int, broadcast: str | None,
     if state.rounds_done != round_number - 1:
         raise ValueError(f"{broadcast} is the state after round {state.rounds_done}, not {round_number - 1}")
     if state.stopped:
-        raise ValueError(f"the protocol stopped after round {state.rounds_done} "
+        raise ValueError(f"{broadcast}: the protocol stopped after round {state.rounds_done} "
                          f"(eps spent {state.epsilon_spent:g}); there is no round {round_number}")
     return state
 
