@@ -474,6 +474,8 @@ FOUND = {
     "a report file with a PCKV sign of 0 (ValueError in the combine of everyone's reports)": (
         check_reports, _report_file(dataclasses.replace(HONEST, symbols=np.concatenate(
             [[0], HONEST.symbols[1:]]).astype(HONEST.symbols.dtype)))),
+    "a lone CR in a CSV row (two rows given the same line number; the 100,000-case campaign)": (
+        check_ratings, ("ratings.csv", b"user,item,rating\nu1,u1,u1\nu1,u1\nu1,u1,\r0\nu", None, "csv")),
     "an Avro ratings file of arrays (AttributeError: 'list' object has no attribute 'get')": (
         check_ratings, ("ratings.avro", _avro([["u1"]], {"type": "array", "items": "string"}), 1, "avro")),
     "a NaN rating of a row without a user (a dead letter JSON readers refuse: NaN)": (

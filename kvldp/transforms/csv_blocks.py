@@ -22,6 +22,7 @@ import numpy as np
 
 BLOCK_BYTES = 4 << 20
 _SURROGATE = re.compile("[\udc80-\udcff]")
+_LONE_CR = re.compile(rb"\r(?!\n)")
 
 
 def blocks(fh, block_bytes: int | None = None, quote: bytes = b'"') -> Iterator[tuple[int, bytes]]:
@@ -39,7 +40,9 @@ def blocks(fh, block_bytes: int | None = None, quote: bytes = b'"') -> Iterator[
             continue
         head, carry = buf[:cut + 1], buf[cut + 1:]
         yield line, head
-        line += head.count(b"\n")
+        # lines as the csv module counts them (\r\n, \n and a lone \r each end one), so that the
+        # line numbers of two blocks never overlap (a lone CR made two rows share a number)
+        line += head.count(b"\n") + len(_LONE_CR.findall(head))
     if carry:
         yield line, carry
 
