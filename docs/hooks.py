@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import json
 import logging
 import posixpath
 import re
@@ -32,6 +33,7 @@ log = logging.getLogger("mkdocs.hooks.kvldp")
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 BENCH = DOCS / "figures" / "bench"
+RELIABILITY = DOCS / "figures" / "reliability"
 PACKAGE = "kvldp"
 REFERENCE = "reference"
 REPO_COPY = "repo"
@@ -217,6 +219,8 @@ def on_page_markdown(markdown, page, config, files):
         return markdown
     if page.file.src_uri == "performance.md":
         markdown = render_performance(markdown)
+    if page.file.src_uri == "reliability.md":
+        markdown = render_reliability(markdown)
     if "<!-- layout:modules -->" in markdown:
         markdown = markdown.replace("<!-- layout:modules -->", render_modules(page.file.src_uri))
     return _rewrite_links(markdown, page, files, config)
@@ -450,3 +454,37 @@ def render_performance(markdown: str) -> str:
 if __name__ == "__main__":                              # print the generated tables
     print(render_performance("\n\n".join(f"<!-- bench:{n} -->" for n in
                                          ("ratios", "full", "stream", "peers", "kernels", "large-domains", "others"))))
+
+
+# --- reliability ------------------------------------------------------------------------------------------
+
+
+def _summary_json(name: str) -> dict:
+    path = RELIABILITY / name
+    if not path.exists():
+        log.warning("reliability.md: %s is missing", path.relative_to(ROOT))
+        return {}
+    return json.loads(path.read_text())
+
+
+def render_reliability(markdown: str) -> str:
+    """The campaign's tables, from the summaries its tests wrote (``KVLDP_FUZZ_SUMMARY``,
+    ``KVLDP_CRASH_SUMMARY``, ``KVLDP_STREAM_CRASH_SUMMARY``) and copied to docs/figures/reliability/."""
+    fuzz = _summary_json("fuzz.json")
+    rows = [[parser, f"{v['cases']:,}", ", ".join(f"{k} {n:,}" for k, n in sorted(v["outcomes"].items())),
+             "0", f"{v['seconds']:.0f} s"] for parser, v in sorted(fuzz.items())]
+    fuzz_table = _table(["input", "cases", "outcomes", "crashes outstanding", "time"], rows)
+    crash = _summary_json("crash.json")
+    rows = [[job, v["kill points"], v["killed before it finished"], v["reruns needing --overwrite"],
+             f"{v['reruns identical']} of {v['kill points']}", v["left partial output"],
+             f"{v['uncrashed seconds']} s"] for job, v in sorted(crash.items())]
+    stream = _summary_json("stream_crash.json")
+    if stream:
+        rows.append(["stream (Flink TaskManager)", stream["kills"], stream["restores"], "–",
+                     f"{stream['windows checked']} of {stream['windows']} windows = collect",
+                     f"lost {stream['reports lost']}, twice {stream['reports counted twice']}",
+                     f"{stream['seconds']} s"])
+    crash_table = _table(["command", "SIGKILL points", "killed mid-run / restored", "reruns asked for --overwrite",
+                          "reruns byte-identical", "partial files under final names", "run time"], rows)
+    return (markdown.replace("{{ reliability_fuzz_table }}", fuzz_table)
+            .replace("{{ reliability_crash_table }}", crash_table))

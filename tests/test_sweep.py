@@ -115,5 +115,6 @@ def test_a_signal_stops_the_sweep_within_5_s_and_leaves_no_worker(tmp_path, sign
     assert f"stopped by {signal.Signals(signum).name}" in err and "rerun the same command" in err
     time.sleep(0.5)
     assert not [w for w in workers if alive(w)], "workers outlived the sweep"
-    if (out / "results.csv").exists():                # whole, whatever finished
-        rows(out / "results.csv")
+    assert not (out / "results.csv").exists()         # never a results.csv that looks complete
+    if (out / "results.partial.csv").exists():        # whole, whatever finished
+        rows(out / "results.partial.csv")

@@ -31,6 +31,7 @@ import numpy as np
 
 from kvldp.pipelines import sweep
 from kvldp.plots import figures
+from kvldp.runtime import atomic
 
 FIELDS = ["mechanism", "users", "path", "seconds", "graph_seconds", "stages_seconds", "command_seconds",
           "users_per_s", "peak_rss_mb", "batch", "ratio_beam_numpy", "identical", "runs", "error"]
@@ -149,6 +150,7 @@ def plot(rows: list[dict], path: Path) -> Path:
         ax.grid(True, which="both", alpha=0.3)
     rate.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=figures.DPI)
+    with atomic.replaced(path) as temp:
+        fig.savefig(temp, dpi=figures.DPI)
     plt.close(fig)
     return path

@@ -54,6 +54,7 @@ from kvldp.pipelines.simulate import SimulateConfig
 from kvldp.pipelines.sources import DataConfig
 from kvldp.plots import figures
 from kvldp.plots.tables import column
+from kvldp.runtime import atomic
 from kvldp.runtime import jobs as runner
 
 COVERAGE_METRICS = ("coverage", "scored", "no_interval", "se_zero", "null")
@@ -376,6 +377,9 @@ def run(config: EvaluateConfig, beam_args) -> dict:
     (out_dir / "runs").mkdir(parents=True, exist_ok=True)
     store = sweep.CellStore(out_dir, FIELDS)
     results = out_dir / "results.csv"
+    # the rows so far, after each cell: under a name that says so, so an interrupted or killed sweep never
+    # leaves a results.csv that looks complete (issue 42); results.csv is written once every pair is in
+    progress_rows = out_dir / "results.partial.csv"
     pairs = {(cell, method): sweep.fingerprint(cell_parameters(config, cell, method))
              for cell in config.cells() for method in config.postprocess}
     wanted = [(pair_name(*pair), fp) for pair, fp in pairs.items()]
@@ -398,7 +402,7 @@ def run(config: EvaluateConfig, beam_args) -> dict:
         cell, methods = task
         for method in methods:
             store.write(pair_name(cell, method), pairs[(cell, method)], [r for r in rows if r["postprocess"] == method])
-        sweep.write_csv_atomically(results, FIELDS, store.rows(wanted))
+        sweep.write_csv_atomically(progress_rows, FIELDS, store.rows(wanted))
         progress.update()
 
     try:
@@ -408,14 +412,15 @@ def run(config: EvaluateConfig, beam_args) -> dict:
         progress.close()
         done = sum(store.done(*w) for w in wanted)
         raise sweep.SweepInterrupted(f"stopped by {stop}: {done} of {len(pairs)} (cell, post-processing) pairs are in "
-                               f"{results}; rerun the same command to run the rest") from None
+                               f"{progress_rows}; rerun the same command to run the rest") from None
     progress.close()
     sweep.write_csv_atomically(results, FIELDS, store.rows(wanted))
+    progress_rows.unlink(missing_ok=True)
     pngs = figures.plot_results(results, out_dir)
     table = coverage_table(results)
-    (out_dir / "coverage.md").write_text(table)
+    atomic.write_text(out_dir / "coverage.md", table)
     gains = gain_table(results)
-    (out_dir / "postprocess.md").write_text(gains)
+    atomic.write_text(out_dir / "postprocess.md", gains)
     print(gains)
     print(table)
     print(f"results: {results}")

@@ -21,6 +21,7 @@ parameters (``docs/threat-model.md``).
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import re
@@ -71,10 +72,27 @@ def batch_files(prefix: str) -> list[str]:
     return sorted(m.path for m in matched if (b := _BATCH_FILE.match(m.path)) and b["prefix"] == prefix)
 
 
-def clear(prefix: str) -> list[str]:
-    """Delete an earlier run's report files and manifest under ``prefix``
-    (a run owns its prefix, as Beam's file sinks own theirs); returns them."""
-    stale = batch_files(prefix) + ([manifest_path(prefix)] if FileSystems.exists(manifest_path(prefix)) else [])
+def unfinished_files(prefix: str) -> list[str]:
+    """Report files and manifests a killed run left half-written under their
+    temporary names (``PATH.tmp-<uuid>``), and the key dictionary's Beam
+    sink directory: never read, removed with ``--overwrite``."""
+    directory, name = FileSystems.split(prefix)
+    patterns = [f"{prefix}-*.avro.tmp-*", f"{manifest_path(prefix)}.tmp-*"]
+    found = [m.path for result in FileSystems.match(patterns) for m in result.metadata_list]
+    # Beam's text sink writes inside a directory of its own; a match finds its files, not the directory
+    # (on a local disk the directory itself, even empty; on an object store there is no empty one)
+    sink = FileSystems.join(directory, f"beam-temp-{name}.keys.txt-*")
+    dirs = set(glob.glob(sink)) if "://" not in sink else {
+        FileSystems.split(m.path)[0] for m in FileSystems.match([FileSystems.join(sink, "*")])[0].metadata_list}
+    return sorted(found + sorted(dirs))
+
+
+def clear(prefix: str, key_dictionary: bool = False) -> list[str]:
+    """Delete an earlier run's report files, manifest and unfinished files
+    under ``prefix`` (a run owns its prefix, as Beam's file sinks own theirs),
+    and with ``key_dictionary`` its ``.keys.txt``; returns them."""
+    named = [manifest_path(prefix)] + ([f"{prefix}.keys.txt"] if key_dictionary else [])
+    stale = batch_files(prefix) + [p for p in named if FileSystems.exists(p)] + unfinished_files(prefix)
     if stale:
         FileSystems.delete(stale)
     return stale
@@ -97,7 +115,7 @@ def write_manifest(prefix: str, config: dict, key_names: Sequence[str],
                 "files": [describe_file(f) for f in files]}
     manifest["reports"] = sum(f["records"] for f in manifest["files"])
     path = manifest_path(prefix)
-    temp = f"{path}.tmp-{uuid.uuid4().hex}"
+    temp = f"{path}.tmp-{uuid.uuid4().hex}"       # as io.TEMP_INFIX
     with FileSystems.create(temp) as fh:
         fh.write(json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
     if FileSystems.exists(path):

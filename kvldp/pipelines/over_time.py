@@ -49,6 +49,7 @@ from kvldp.mechanisms.local import run_local
 from kvldp.mechanisms.privacy.ledger import SimulatedLedger
 from kvldp.mechanisms.privacy.memo import DeviceKeys
 from kvldp.pipelines import sources
+from kvldp.runtime import atomic
 
 MODES = ("fresh", "memoised", "two-layer", "fresh-eps1")
 NEEDS_EPS_1 = ("two-layer", "fresh-eps1")
@@ -249,7 +250,7 @@ def run(config) -> dict:
     sweep.write_csv_atomically(results, FIELDS, rows)
     png = figures.plot_over_time(results, out_dir, config.top_sets[0], config.churn)
     text = summary(rows, config.top_sets[0])
-    (out_dir / "summary.md").write_text(text)
+    atomic.write_text(out_dir / "summary.md", text)
     print(text)
     print(f"results: {results}\nfigure: {png}")
     return {"results": str(results), "figures": [str(png)], "ran": len(todo), "summary": text}

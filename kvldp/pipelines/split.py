@@ -216,7 +216,12 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
         write_dead_letters(source.dead_letter, dead_letter)
     if dictionary is not None and not data.key_dictionary:
         print(DERIVED_DICTIONARY_WARNING, file=sys.stderr)
-    result = runner.run_pipeline(p)
+    try:
+        result = runner.run_pipeline(p)
+    except BaseException:     # failed (a full disk, a bad input) or interrupted: no delivery half-made
+        if not dry_run:
+            manifest.clear(prefix, key_dictionary=True)
+        raise
     padding.after_run()                            # warns when l truncated too many users
     stats = runner.counters(result)
     if not outputs.drop_if_empty(dead_letter):     # a run that rejected nothing leaves no dead letter
@@ -254,7 +259,7 @@ def claim_prefix(prefix: str, overwrite: bool) -> list[str]:
     ``overwrite``; returns them (what ``--overwrite`` will remove)."""
     outputs.check_writable(prefix + "-00000.avro", "--output")
     earlier = manifest.batch_files(prefix) + [p for p in (manifest.manifest_path(prefix), prefix + ".keys.txt")
-                                              if FileSystems.exists(p)]
+                                              if FileSystems.exists(p)] + manifest.unfinished_files(prefix)
     if earlier and not overwrite:
         names = ", ".join(FileSystems.split(p)[1] for p in earlier[:3]) + (", ..." if len(earlier) > 3 else "")
         raise ValueError(f"--output {prefix}: {len(earlier)} file(s) of an earlier run are there ({names}); "

@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
+from kvldp.runtime import atomic
+
 STORE_VERSION = 1          # bump when the rows of a cell change meaning for the same parameters
 
 
@@ -82,15 +84,12 @@ class CellStore:
 def write_csv_atomically(path: Path, fields: Sequence[str], rows: Iterable[dict]):
     """Write ``rows`` to ``path`` whole: a temporary file in the same
     directory, flushed to disk, then renamed over ``path``."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", newline="") as fh:
+    with atomic.replaced(path) as tmp, open(tmp, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(fields))
         writer.writeheader()
         writer.writerows(rows)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 class Interrupted(Exception):

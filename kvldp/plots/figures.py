@@ -21,6 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from kvldp.mechanisms import registry
+from kvldp.runtime import atomic
 
 FIGSIZE = (8, 5)        # inches
 DPI = 100               # -> 800 x 500 pixels
@@ -98,7 +99,8 @@ def _plot(series, title: str, ylabel: str, path: Path, log: bool, reference: flo
     ax.grid(True, which="both", alpha=0.3)
     _legend(ax, mechanisms, methods, reference)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    with atomic.replaced(path) as temp:
+        fig.savefig(temp, dpi=DPI)
     plt.close(fig)
     return path
 
@@ -212,7 +214,8 @@ def plot_over_time(results_csv, out_dir, top: int, churn: float) -> Path:
                  fontsize=10)
     fig.tight_layout(rect=(0, 0.12, 1, 0.95))
     path = Path(out_dir) / "over_time.png"
-    fig.savefig(path, dpi=DPI)
+    with atomic.replaced(path) as temp:
+        fig.savefig(temp, dpi=DPI)
     plt.close(fig)
     return path
 

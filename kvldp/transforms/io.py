@@ -44,15 +44,30 @@ def format_of(path: str, declared: str | None = None) -> str:
                      f"use .csv, .jsonl or .avro (or declare it with --input-format)")
 
 
+TEMP_INFIX = ".tmp-"          # a file being written: PATH.tmp-<uuid>, renamed to PATH when whole
+
+
 class _WriteReportFileFn(beam.DoFn):
     def __init__(self, prefix: str, config: dict):
         self._prefix, self._config = prefix, dict(config)
         self._written = tally.counter("reports_written")
 
     def process(self, reports):
+        # under a temporary name, then renamed: a job killed mid-write leaves no half file under a report
+        # file's name (``R-*.avro`` does not match the temporary one; --overwrite removes it)
         path = f"{self._prefix}-{reports.batch_id:05d}.avro"
-        with FileSystems.create(path) as fh:
-            envelope.write_reports(fh, reports, self._config)
+        temp = f"{path}{TEMP_INFIX}{uuid.uuid4().hex}"
+        with element_context(path):           # a full disk names the file it could not write
+            try:
+                with FileSystems.create(temp) as fh:
+                    envelope.write_reports(fh, reports, self._config)
+                if FileSystems.exists(path):          # a retried bundle's earlier attempt
+                    FileSystems.delete([path])
+                FileSystems.rename([temp], [path])
+            except BaseException:
+                if FileSystems.exists(temp):
+                    FileSystems.delete([temp])
+                raise
         self._written.inc(reports.n_reports)
         yield path
 
@@ -146,7 +161,8 @@ def write_estimate_table(fh, table, fmt: str) -> int:
     (byte for byte what ``WriteToText`` wrote for the text formats: a header
     line for CSV, one line per key); returns the number of records."""
     if fmt == "avro":
-        fastavro.writer(fh, schemas.load(schemas.ESTIMATE), table.records(), codec="deflate")
+        fastavro.writer(fh, schemas.load(schemas.ESTIMATE), table.records(), codec="deflate",
+                        sync_marker=envelope.sync_marker(f"estimates {len(table)}"))    # a rerun: the same bytes
         return len(table)
     if fmt == "csv":
         fh.write((",".join(schemas.ESTIMATE_FIELDS) + "\n").encode("utf-8"))
@@ -165,7 +181,12 @@ class _WriteEstimateTableFn(beam.DoFn):
         self._written = tally.counter("estimates_written")
 
     def process(self, table):
-        temp = f"{self._path}.tmp-{uuid.uuid4().hex}"
+        temp = f"{self._path}{TEMP_INFIX}{uuid.uuid4().hex}"
+        with element_context(self._path):         # a full disk names the file it could not write
+            self._write(table, temp)
+        yield self._path
+
+    def _write(self, table, temp: str):
         try:
             with FileSystems.create(temp) as fh:
                 n = write_estimate_table(fh, table, self._fmt)
@@ -177,7 +198,6 @@ class _WriteEstimateTableFn(beam.DoFn):
                 FileSystems.delete([temp])
             raise
         self._written.inc(n)
-        yield self._path
 
 
 class WriteEstimates(beam.PTransform):
