@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from flink_cluster import ENV, cluster, flink_built, job_server, rest, standalone_cluster  # noqa: F401
+from kvldp.brokers import kafka as kafka_admin
 from kvldp.pipelines import publish
 from kvldp.schemas import envelope
 from test_kafka_stream import EPS, MECHANISM, _checkpoints, _completed_checkpoints, broker, kafka_argv, send  # noqa: F401
@@ -36,6 +37,11 @@ KILLS = int(os.environ.get("KVLDP_STREAM_KILLS", "50"))
 SIZE = 20.0               # seconds per window
 BATCHES_PER_WINDOW = 10   # of 100 reports
 PAUSE = (2.0, 10.0)       # seconds between a recovery (a checkpoint after the restore) and the next kill
+# The lateness gate judges a batch by the collector's clock: a batch read again after a restore, or sent
+# while the job was down, later than this after its window's end is a dead letter "late" (found by this
+# campaign with the default of 0 s: 18 of 40 batches); above the recovery time, it is counted in a late pane.
+LATENESS = "120s"
+RECOVERY = 30.0           # seconds a kill costs, with room (measured 23-25 s on 2 cores)
 
 
 def _running(port: int) -> bool:
@@ -67,7 +73,8 @@ def _until(condition, what: str, proc, timeout: float = 180.0):
 def test_a_stream_killed_again_and_again_loses_nothing_and_counts_nothing_twice(flink_built, broker,  # noqa: F811
                                                                                tmp_path):
     rng = np.random.default_rng(KILLS)
-    windows = int(np.ceil(KILLS * (np.mean(PAUSE) + 12.0) / SIZE)) + 2      # ~12 s per recovery, measured
+    # ~24 s from a kill to a checkpoint after the restore (measured: 23.3 and 24.9 s): windows for all the kills
+    windows = int(np.ceil(KILLS * (np.mean(PAUSE) + RECOVERY) / SIZE)) + 2
     files = perturb(tmp_path, "reports", MECHANISM, EPS, users=100 * BATCHES_PER_WINDOW * windows, batch=100)
     start = window_start_ms(lead_s=45.0, size_s=SIZE)                         # the job is up before the first
     times = publish.spread_event_times(len(files), start, windows * SIZE - 0.5)
@@ -79,10 +86,11 @@ def test_a_stream_killed_again_and_again_loses_nothing_and_counts_nothing_twice(
             time.sleep(max(0.0, at / 1000 - time.time()))
             send(broker, topic, [file], [at], run=run)
 
+    kafka_admin.check_topic(broker, topic, create=True, partitions=2)
     out = tmp_path / "stream"
     with standalone_cluster() as port, job_server(f"localhost:{port}") as server:
         argv = [sys.executable, "-m", "kvldp", *kafka_argv(
-            broker, topic, server, out, SIZE, "--stop-after-windows", str(windows),
+            broker, topic, server, out, SIZE, "--stop-after-windows", str(windows), "--allowed-lateness", LATENESS,
             "--max-runtime", f"{int(windows * SIZE + 600)}s", "--checkpointing_interval=2000")]
         with open(tmp_path / "stream.log", "w") as log:
             proc = subprocess.Popen(argv, env={**ENV, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT)
@@ -121,7 +129,7 @@ def test_a_stream_killed_again_and_again_loses_nothing_and_counts_nothing_twice(
     for k, ((w_start, w_end), ps) in enumerate(by_window.items()):
         final = ps[-1]
         in_window = [f for f, t in zip(files, times, strict=True) if w_start <= t < w_end]
-        assert final[0]["pane_timing"] == "ON_TIME", [p[0]["pane_timing"] for p in ps]
+        assert final[0]["pane_timing"] in ("ON_TIME", "LATE"), [p[0]["pane_timing"] for p in ps]
         n = final[0]["n_reports"]
         counted += n
         lost += max(0, 100 * len(in_window) - n)

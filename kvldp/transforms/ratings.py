@@ -48,9 +48,11 @@ from kvldp.transforms.spill import SpilledGroupByKey
 
 
 def normalise(ratings: np.ndarray, rating_range: tuple[float, float]) -> np.ndarray:
-    """Map ``[lo, hi]`` linearly onto ``[-1, 1]``."""
+    """Map ``[lo, hi]`` linearly onto ``[-1, 1]`` (a chunk's rows outside it,
+    up to 1e308, are mapped too and then rejected: no overflow warning for them)."""
     lo, hi = rating_range
-    return 2.0 * (ratings - lo) / (hi - lo) - 1.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        return 2.0 * (ratings - lo) / (hi - lo) - 1.0
 
 
 def stable_shard(user: str, shards: int) -> int:
