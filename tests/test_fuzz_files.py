@@ -76,6 +76,13 @@ def mutated(draw, data: bytes) -> bytes:
     return bytes(body)
 
 
+def _avro(records, schema) -> bytes:
+    """``records`` as an Avro container of ``schema``."""
+    buf = io.BytesIO()
+    fastavro.writer(buf, fastavro.parse_schema(schema), records)
+    return buf.getvalue()
+
+
 # --- ratings files ---------------------------------------------------------------------------------------
 
 FIELD = st.one_of(
@@ -279,9 +286,7 @@ def _broadcast_bytes() -> bytes:
     reports = PRIVKVM.perturb_round(0, USERS, np.random.default_rng(2), state)
     counts = PRIVKVM.accumulate_round(0, PRIVKVM.new_round_counts(0), reports)
     state = PRIVKVM.next_state(0, state, counts)
-    buf = io.BytesIO()
-    fastavro.writer(buf, schemas.parsed(schemas.BROADCAST), broadcast_records(state, PRIVKVM, KEYS))
-    return buf.getvalue()
+    return _avro(broadcast_records(state, PRIVKVM, KEYS), schemas.load(schemas.BROADCAST))
 
 
 BROADCAST_FILE = _broadcast_bytes()
@@ -351,9 +356,7 @@ IOH = registry.make("ioh-oue", D, 2.0, ioh_keys=[0, 1])
 def _counts_bytes() -> bytes:
     reports = IOH.perturb(USERS, np.random.default_rng(3))
     counts = IOH.accumulate(IOH.new_counts(), reports)
-    buf = io.BytesIO()
-    fastavro.writer(buf, schemas.parsed(schemas.IOH_COUNTS), [ioh_counts_record(counts, IOH, KEYS, truth=None)])
-    return buf.getvalue()
+    return _avro([ioh_counts_record(counts, IOH, KEYS, truth=None)], schemas.load(schemas.IOH_COUNTS))
 
 
 COUNTS_FILE = _counts_bytes()
@@ -427,12 +430,6 @@ def test_the_honest_files_are_accepted():
     assert check_broadcast(BROADCAST_FILE) == "accepted"
     assert check_counts((COUNTS_FILE, "item1 given item0=1")) == "accepted"
     assert os.path.isdir(WORK)
-
-
-def _avro(records, schema) -> bytes:
-    buf = io.BytesIO()
-    fastavro.writer(buf, fastavro.parse_schema(schema), records)
-    return buf.getvalue()
 
 
 def _flipped(data: bytes, at: int) -> bytes:
