@@ -199,10 +199,12 @@ EOF
       "$home/bin/jobmanager.sh" stop-all >/dev/null 2>&1 || true ;;
     add-taskmanager)
       [ -d "$FLINK_CONF_DIR" ] || die "no cluster with REST port $rest_port"
+      # Waits for a TaskManager id it has not seen, not for a count: a killed one may deregister meanwhile
+      # (its heartbeat timeout), and the count then never grows (exit 2 under load, found by issue 42's runs)
       local before
-      before=$(taskmanagers "$rest_port")
+      before=$(taskmanager_ids "$rest_port")
       "$home/bin/taskmanager.sh" start >/dev/null
-      wait_for_taskmanagers "$rest_port" $((before + 1)) || die "the TaskManager did not register in 120 s"
+      wait_for_new_taskmanager "$rest_port" "$before" || die "the TaskManager did not register in 120 s"
       echo "flink.sh: a TaskManager joined the cluster on REST port $rest_port" >&2 ;;
     kill-taskmanager)
       [ -s "$tm_pids" ] || die "no TaskManager pid in $tm_pids"
@@ -219,6 +221,22 @@ taskmanagers() {   # how many TaskManagers the cluster on REST port $1 has regis
 import json, sys, urllib.request
 print(json.load(urllib.request.urlopen(f"http://localhost:{sys.argv[1]}/overview", timeout=2))["taskmanagers"])
 PY
+}
+
+taskmanager_ids() {   # the ids of the TaskManagers registered with the cluster on REST port $1, one a line
+  "$PYTHON" - "$1" <<'PY' 2>/dev/null || true
+import json, sys, urllib.request
+for tm in json.load(urllib.request.urlopen(f"http://localhost:{sys.argv[1]}/taskmanagers", timeout=2))["taskmanagers"]:
+    print(tm["id"])
+PY
+}
+
+wait_for_new_taskmanager() {   # until the cluster on REST port $1 has a TaskManager not in $2, at most 120 s
+  for _ in $(seq 120); do
+    [ -n "$(comm -13 <(sort <<<"$2") <(taskmanager_ids "$1" | sort))" ] && return 0
+    sleep 1
+  done
+  return 1
 }
 
 wait_for_taskmanagers() {   # until the cluster on REST port $1 has $2 TaskManagers, at most 120 s
