@@ -480,7 +480,8 @@ def render_reliability(markdown: str) -> str:
              f"{v['uncrashed seconds']} s"] for job, v in sorted(crash.items())]
     stream = _summary_json("stream_crash.json")
     if stream:
-        rows.append(["stream (Flink TaskManager)", stream["kills"], stream["restores"], "–",
+        restores = stream.get("restores from a checkpoint (checkpoints API)", stream.get("restores"))
+        rows.append(["stream (Flink TaskManager)", stream["kills"], restores, "–",
                      f"{stream['windows checked']} of {stream['windows']} windows = collect",
                      f"lost {stream['reports lost']}, twice {stream['reports counted twice']}",
                      f"{stream['seconds']} s"])

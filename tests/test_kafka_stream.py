@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -166,24 +167,33 @@ def test_a_taskmanager_killed_mid_window_loses_nothing_and_counts_nothing_twice(
     Flink restores the job from its last checkpoint; the other half arrives.
     The window's final pane holds every report once: it equals collect over
     all the window's report files (the uncrashed result, as the test above
-    shows for a run without a crash)."""
+    shows for a run without a crash).
+
+    The window is chosen once the job runs, and ``--allowed-lateness``
+    covers a slow recovery: the lateness gate judges a batch by the
+    collector's clock, so on a loaded machine (CI, issue 42) a job that came
+    up or recovered after the window's end made every batch a dead letter
+    "late". Batches read after the window closed go to late panes; the
+    final pane is the last one that is not early."""
     size = 60.0
     files = perturb(tmp_path, "reports", MECHANISM, EPS, users=4_000, batch=100)      # 40 batches
-    start = window_start_ms(lead_s=25.0, size_s=size)
-    times = [start + 500 * i for i in range(len(files))]                                # the window's first 20 s
     first, second = files[:20], files[20:]
     topic = "reports-crash"
     run = envelope.new_run()
-    send(broker, topic, first, times[:20], run=run)
+    kafka_admin.check_topic(broker, topic, create=True, partitions=2)
     with standalone_cluster() as port, job_server(f"localhost:{port}") as server:
         out = tmp_path / "crash"
         argv = [sys.executable, "-m", "kvldp", *kafka_argv(
-            broker, topic, server, out, size, "--early-every", "1s", "--stop-after-windows", "1",
-            "--max-runtime", "400s", "--checkpointing_interval=2000")]
+            broker, topic, server, out, size, "--early-every", "1s", "--allowed-lateness", "300s",
+            "--max-runtime", "900s", "--checkpointing_interval=2000")]
         log = tmp_path / "stream.log"
         with open(log, "w") as fh:
             proc = subprocess.Popen(argv, env={**ENV, "PYTHONUNBUFFERED": "1"}, stdout=fh, stderr=subprocess.STDOUT)
         try:
+            _wait(lambda: _completed_checkpoints(port) > 0, "a first checkpoint", proc, timeout=300)
+            start = window_start_ms(lead_s=2.0, size_s=size)
+            times = [start + 500 * i for i in range(len(files))]                        # the window's first 20 s
+            send(broker, topic, first, times[:20], run=run)
             _wait(lambda: (_latest_pane(out) or {}).get("n_reports") == 2_000, "an early pane of the first half",
                   proc)
             before = _completed_checkpoints(port)
@@ -192,11 +202,13 @@ def test_a_taskmanager_killed_mid_window_loses_nothing_and_counts_nothing_twice(
             crashed_at = time.monotonic()
             cluster("add-taskmanager", port)
             send(broker, topic, second, times[20:], run=run)
-            _wait(lambda: any(p[-1][0]["pane_timing"] == "ON_TIME" for p in panes(out).values()),
-                  "the window's on-time pane", proc, timeout=300)
-            print(f"\non-time pane {time.monotonic() - crashed_at:.0f} s after the crash", file=sys.stderr)
+            _wait(lambda: any(p[0]["pane_timing"] != "EARLY" and p[0]["n_reports"] == 4_000
+                              for ps in panes(out).values() for p in ps), "a final pane of both halves", proc,
+                  timeout=400)
+            print(f"\nfinal pane {time.monotonic() - crashed_at:.0f} s after the crash", file=sys.stderr)
             restored = (_checkpoints(port).get("latest") or {}).get("restored")
-            proc.wait(timeout=120)
+            proc.send_signal(signal.SIGINT)          # a drain: every pane emitted is written
+            proc.wait(timeout=180)
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -205,10 +217,10 @@ def test_a_taskmanager_killed_mid_window_loses_nothing_and_counts_nothing_twice(
     # the job was restored from a checkpoint taken before the crash (not run through on a survivor)
     assert restored and restored["id"] >= before, restored
     [(_, ps)] = panes(out).items()
-    timings = [p[0]["pane_timing"] for p in ps]
-    final = ps[-1]
-    assert final[0]["pane_timing"] == "ON_TIME", timings
-    assert final[0]["n_reports"] == 4_000
+    timings = [(p[0]["pane_timing"], p[0]["n_reports"]) for p in ps]
+    assert all(n <= 4_000 for _, n in timings), timings                 # no pane of any life counts twice
+    final = [p for p in ps if p[0]["pane_timing"] != "EARLY"][-1]
+    assert final[0]["n_reports"] == 4_000, timings
     assert_same_estimates(final, collect_window(tmp_path, files, MECHANISM, EPS, "all"))
     assert not glob.glob(str(out / "dead" / "*.json")), [json.loads(Path(p).read_text())
                                                           for p in glob.glob(str(out / "dead" / "*.json"))]

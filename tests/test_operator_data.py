@@ -154,6 +154,32 @@ def test_5_an_interrupt_is_one_line_exit_130_and_no_temporary_files(argv, sig, t
     assert not (tmp_path / "e.jsonl").exists()
 
 
+def test_5_a_killed_commands_scratch_directory_is_removed_by_the_next_command(tmp_path):
+    """SIGKILL runs no cleanup: every killed command left its
+    ``$TMPDIR/kvldp-run-*`` directory with whatever its jobs wrote there
+    (issue 42's crash campaign). The next command removes a directory whose
+    owner died, never one whose command still runs."""
+    argv = ["simulate", "--mechanism", "pckv-ue", "--epsilon", "4", "--users", "200000000", "--keys", "100",
+            "--seed", "1", "--output", "e.jsonl"]
+    code, _, killed = _interrupt(argv, tmp_path, after=4.0, sig=signal.SIGKILL)
+    assert code == -signal.SIGKILL and [n for n in killed if n.startswith("kvldp-run-")], killed
+    temp = tmp_path / "tmp"
+    running = subprocess.Popen([sys.executable, "-m", "kvldp", *argv[:-1], "e2.jsonl"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(temp)}, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while set(os.listdir(temp)) >= set(killed) and time.monotonic() < deadline:    # the killed one removed
+            time.sleep(0.1)
+        live = [n for n in os.listdir(temp) if n.startswith("kvldp-run-")]
+        assert not set(killed) & set(live) and len(live) == 1, (killed, live)
+        again = subprocess.run([sys.executable, "-m", "kvldp", "--version"], capture_output=True, text=True,
+                               env={**os.environ, "TMPDIR": str(temp)}, cwd=tmp_path, check=True)
+        assert live[0] in os.listdir(temp), again.stderr        # the running command's is kept
+    finally:
+        running.kill()
+        running.wait()
+
+
 # 7 ---------------------------------------------------------------------------------------------------
 def test_7_an_unreachable_pubsub_is_one_line_not_a_hang(tmp_path, capsys, monkeypatch):
     pytest.importorskip("google.cloud.pubsub_v1")

@@ -28,13 +28,10 @@ Environment:
 """
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import dataclasses
 import hashlib
 import os
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
@@ -46,16 +43,15 @@ import numpy as np
 import pytest
 
 from kvldp.datasets import shared_data_dir
+from sessions import REPO, die_with_parent, kill_group, session_rss_mb
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
 RUNS = int(os.environ.get("KVLDP_SOAK_RUNS", "20"))
 CAP_MB = float(os.environ.get("KVLDP_SOAK_RSS_CAP_MB", "1536"))
 KILL_MB = float(os.environ.get("KVLDP_SOAK_KILL_MB", "6144"))
 TIMEOUT_S = float(os.environ.get("KVLDP_SOAK_TIMEOUT_S", "600"))
 BEAM_ARGS = shlex.split(os.environ.get("KVLDP_SOAK_BEAM_ARGS", ""))
-PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclasses.dataclass
@@ -69,24 +65,6 @@ class Run:
     stderr_tail: str = ""
 
 
-def _session_rss_mb(sid: int) -> float:
-    """Summed RSS of every live process whose session id is ``sid``."""
-    total = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-            if int(fields[3]) != sid:            # after "(comm)": state ppid pgrp session
-                continue
-            with open(f"/proc/{entry.name}/statm", "rb") as fh:
-                total += int(fh.read().split()[1]) * PAGE
-        except (OSError, IndexError, ValueError):
-            continue                              # gone meanwhile
-    return total / 2**20
-
-
 def run_watched(cmd: list[str], cwd: Path, log: Path) -> Run:
     """Run ``cmd`` in a new session with stdout/stderr in ``log``.out/.err,
     killing the whole session above ``KILL_MB`` or after ``TIMEOUT_S``."""
@@ -95,18 +73,18 @@ def run_watched(cmd: list[str], cwd: Path, log: Path) -> Run:
     start = time.monotonic()
     with open(f"{log}.out", "wb") as out, open(f"{log}.err", "wb") as err:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=err, start_new_session=True,
-                                preexec_fn=_die_with_parent)  # noqa: PLW1509 -- only prctl, no Popen equivalent
+                                preexec_fn=die_with_parent)  # noqa: PLW1509 -- only prctl, no Popen equivalent
     done, killed, polled = threading.Event(), [], [0.0]
 
     def watch():
         while not done.wait(0.1):
-            rss = _session_rss_mb(proc.pid)
+            rss = session_rss_mb(proc.pid)
             polled[0] = max(polled[0], rss)
             reason = (f"RSS {rss:.0f} MB > hard limit {KILL_MB:.0f} MB" if rss > KILL_MB else
                       f"still running after {TIMEOUT_S:.0f} s" if time.monotonic() - start > TIMEOUT_S else "")
             if reason:
                 killed.append(reason)
-                _kill_session(proc.pid)
+                kill_group(proc.pid)
                 return
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -115,23 +93,11 @@ def run_watched(cmd: list[str], cwd: Path, log: Path) -> Run:
     proc.returncode = os.waitstatus_to_exitcode(status)   # reaped here: Popen must not wait again
     done.set()
     watcher.join()
-    _kill_session(proc.pid)                   # leftovers (e.g. worker processes) of this run only
+    kill_group(proc.pid)                   # leftovers (e.g. worker processes) of this run only
     seconds = time.monotonic() - start
     peak = max(usage.ru_maxrss / 1024, polled[0])         # ru_maxrss is in KiB on Linux
     tail = Path(f"{log}.err").read_text(errors="replace")[-2000:] if proc.returncode else ""
     return Run(proc.returncode, peak, seconds, killed[0] if killed else "", tail)
-
-
-def _die_with_parent():
-    """In the child: SIGKILL when the test process dies (its own session
-    would otherwise outlive a killed pytest)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG
-
-
-def _kill_session(sid: int):
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(sid, signal.SIGKILL)
 
 
 def kvldp(*args: str) -> list[str]:

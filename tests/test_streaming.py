@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import io
 import json
 import math
 import os
@@ -437,6 +438,40 @@ def test_the_job_stops_only_once_every_pane_is_published(tmp_path):
     assert not monitor._written_all({**stats, stream.PANES_PUBLISHED: 6, stream.BROADCASTS_PUBLISHED: 1})
     files_only = dataclasses.replace(config, output_topic=None, broadcast_topic=None)
     assert stream_job.Monitor(None, files_only, "job", in_process=True)._written_all(stats)
+
+
+def test_a_window_replayed_after_a_restore_is_counted_once(tmp_path):
+    """A Flink job restored from a checkpoint emits again the panes that
+    followed it. ``--stop-after-windows`` counted on-time panes, so after a
+    restore the job stopped with a window fewer than asked (CI, issue 42:
+    10 windows for 11). It now counts windows, each once per round."""
+    from kvldp.runtime.tally import forget, tally
+    from kvldp.transforms.streaming import Pane, PaneCounters
+    job = "replayed-panes"
+    forget(job)
+    _, config, _ = cli.configure(["stream", "--mechanism", "pckv-ue", "--epsilon", "2", "--keys", str(D),
+                                  "--subscription", "projects/proj-a/subscriptions/reports", "--window", "4s",
+                                  "--output-dir", str(tmp_path), "--stop-after-windows", "2",
+                                  "--max-runtime", "1.5s", "--progress-every", "0.2s"])
+    counters = PaneCounters(job)
+    first, second = (0, 4000), (4000, 8000)
+    for start, end in (first, first):                # the first window, and again after a restore
+        counters.count(Pane(start, end, "EARLY", 0, False, None))
+        counters.count(Pane(start, end, "ON_TIME", 1, False, None))
+    counters.count(Pane(*second, "EARLY", 0, False, None))
+    stats = tally(job)
+    assert stats["panes_on_time"] == 2 and stats[stream_job.WINDOWS_CLOSED] == 1
+    assert stream_job.open_windows(stats) == 1                            # the second, early panes only
+    monitor = stream_job.Monitor(None, config, job, in_process=True, out=io.StringIO())
+    monitor._written_all = lambda s: True
+    monitor._drained = lambda s: True
+    assert monitor.run() == "--max-runtime 1.5 s"          # not "2 windows had ...", one of them twice
+    counters.count(Pane(*second, "ON_TIME", 1, False, None))
+    monitor = stream_job.Monitor(None, config, job, in_process=True, out=io.StringIO())
+    monitor._written_all = lambda s: True
+    monitor._drained = lambda s: True
+    assert monitor.run() == "2 windows had their on-time pane"
+    forget(job)
 
 
 def test_the_job_stops_only_once_every_dead_letter_is_written_and_published(tmp_path):

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
+from kvldp.runtime import atomic
 from kvldp.schemas import envelope
 from kvldp.schemas.invalid import InvalidFile, one_line, reading
 
@@ -116,11 +117,15 @@ def write_manifest(prefix: str, config: dict, key_names: Sequence[str],
     manifest["reports"] = sum(f["records"] for f in manifest["files"])
     path = manifest_path(prefix)
     temp = f"{path}.tmp-{uuid.uuid4().hex}"       # as io.TEMP_INFIX
-    with FileSystems.create(temp) as fh:
-        fh.write(json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
-    FileSystems.rename([temp], [path])
+    try:
+        with atomic.writing(path), FileSystems.create(temp) as fh:
+            fh.write(json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
+        if FileSystems.exists(path):
+            FileSystems.delete([path])
+        FileSystems.rename([temp], [path])
+    finally:
+        if FileSystems.exists(temp):          # failed (a full disk): no half manifest left
+            FileSystems.delete([temp])
     return manifest
 
 

@@ -216,19 +216,21 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
         write_dead_letters(source.dead_letter, dead_letter)
     if dictionary is not None and not data.key_dictionary:
         print(DERIVED_DICTIONARY_WARNING, file=sys.stderr)
+    # failed (a full disk, a bad input) or interrupted, in the pipeline or while writing the manifest: no
+    # delivery half-made (before: a full disk at the manifest left the report files without one)
     try:
         result = runner.run_pipeline(p)
-    except BaseException:     # failed (a full disk, a bad input) or interrupted: no delivery half-made
+        padding.after_run()                            # warns when l truncated too many users
+        stats = runner.counters(result)
+        if not outputs.drop_if_empty(dead_letter):     # a run that rejected nothing leaves no dead letter
+            dead_letter = None
+        failure = data.account_rows(stats, dead_letter)
+        # a failed ingest is delivered as failed: its manifest says so, and collect refuses it
+        written = manifest.write_manifest(prefix, round_cfg, key_names, data.rating_scale(dataset), failure=failure)
+    except BaseException:
         if not dry_run:
             manifest.clear(prefix, key_dictionary=True)
         raise
-    padding.after_run()                            # warns when l truncated too many users
-    stats = runner.counters(result)
-    if not outputs.drop_if_empty(dead_letter):     # a run that rejected nothing leaves no dead letter
-        dead_letter = None
-    failure = data.account_rows(stats, dead_letter)
-    # a failed ingest is delivered as failed: its manifest says so, and collect refuses it
-    written = manifest.write_manifest(prefix, round_cfg, key_names, data.rating_scale(dataset), failure=failure)
     if failure:
         raise sources.TooManyRejected(f"{failure}; the reports under {prefix} are marked failed in "
                                       f"{manifest.manifest_path(prefix)} and collect refuses them")

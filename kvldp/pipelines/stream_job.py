@@ -39,7 +39,7 @@ from kvldp.runtime.tally import forget, tally
 from kvldp.schemas import envelope
 from kvldp.transforms.direct_pubsub import responsive_pulls
 from kvldp.transforms.stream_sinks import DEAD_LETTER_FILES_WRITTEN, PANE_FILES_WRITTEN, ROUND_FILES_WRITTEN
-from kvldp.transforms.streaming import DEAD_LETTERS_EMITTED, WINDOWS_OPENED
+from kvldp.transforms.streaming import DEAD_LETTERS_EMITTED, WINDOWS_CLOSED, WINDOWS_OPENED
 
 DIRECT_RUNNERS = (None, "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 
@@ -59,7 +59,7 @@ class JobEnded(RuntimeError):
 
 def open_windows(stats: dict) -> int:
     """Windows that had a pane before they closed but not yet their on-time pane."""
-    return max(0, stats.get(WINDOWS_OPENED, 0) - stats.get("panes_on_time", 0))
+    return max(0, stats.get(WINDOWS_OPENED, 0) - stats.get(WINDOWS_CLOSED, 0))
 
 
 def progress_line(stats: dict, elapsed: float) -> str:
@@ -155,7 +155,7 @@ class Monitor:
             if self._config.max_runtime is not None and now - start >= self._config.max_runtime:
                 self.request_stop(f"--max-runtime {self._config.max_runtime:g} s")
             windows = self._config.stop_after_windows
-            if windows is not None and s.get("panes_on_time", 0) >= windows and self._written_all(s):
+            if windows is not None and s.get(WINDOWS_CLOSED, 0) >= windows and self._written_all(s):
                 self.request_stop(f"{windows} windows had their on-time pane")
                 self._close_windows = True
             if s.get("protocol_stopped", 0) and self._written_all(s):

@@ -19,6 +19,7 @@ parent dies (even by SIGKILL) exits by itself.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import csv
 import hashlib
@@ -77,8 +78,9 @@ class CellStore:
                     yield from csv.DictReader(fh)
 
     def others(self, wanted: set[Path]) -> int:
-        """Cell files of other parameter sets (kept, never mixed in)."""
-        return sum(1 for p in self.directory.glob("*.csv") if p not in wanted)
+        """Cell files of other parameter sets (kept, never mixed in); not the
+        hidden temporary file a killed sweep left (``runtime.atomic``)."""
+        return sum(1 for p in self.directory.glob("*.csv") if p not in wanted and not p.name.startswith("."))
 
 
 def write_csv_atomically(path: Path, fields: Sequence[str], rows: Iterable[dict]):
@@ -140,33 +142,37 @@ def _worker_init(parent: int):
 def run_cells(work: Callable, tasks: Sequence, processes: int, on_done: Callable[[object, object], None]):
     """``on_done(task, work(task))`` for every task, the work in ``processes``
     worker processes (spawned: each imports Beam afresh, shares nothing).
-    Raises ``Interrupted`` after killing every worker on SIGINT/SIGTERM."""
+    Raises ``Interrupted`` after killing every worker on SIGINT/SIGTERM, and
+    a task's own error after killing the others.
+
+    A ``ProcessPoolExecutor``, not a ``multiprocessing.Pool``: an idle Pool
+    worker holds the task queue's lock while it waits, so once it was
+    killed ``Pool.terminate`` waited for that lock forever (a cell that
+    failed -- e.g. on a full disk -- hung the sweep, issue 42); the
+    executor gives up on a pool whose workers died instead."""
     if not tasks:
         return
-    ctx = multiprocessing.get_context("spawn")
-    pool = ctx.Pool(processes=min(processes, len(tasks)), initializer=_worker_init, initargs=(os.getpid(),))
+    pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=min(processes, len(tasks)), mp_context=multiprocessing.get_context("spawn"),
+        initializer=_worker_init, initargs=(os.getpid(),))
     try:
         with stop_on_signals():
-            pending = {pool.apply_async(work, (task,)): task for task in tasks}
+            pending = {pool.submit(work, task): task for task in tasks}
             while pending:
-                finished = [r for r in pending if r.ready()]
-                for r in finished:
-                    on_done(pending.pop(r), r.get())
-                if not finished:
-                    time.sleep(0.05)
+                finished, _ = concurrent.futures.wait(pending, timeout=0.05,
+                                                      return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in [f for f in pending if f in finished]:      # in the order submitted
+                    on_done(pending.pop(future), future.result())
     except BaseException:
         kill_workers(pool)
         raise
-    pool.close()
-    pool.join()
+    pool.shutdown()
 
 
-def kill_workers(pool):
+def kill_workers(pool: concurrent.futures.ProcessPoolExecutor):
     """SIGKILL every worker's process group (the worker and whatever it
-    started), then reap them: nothing outlives the sweep."""
-    children = multiprocessing.active_children()
-    for child in children:
+    started), then let the pool reap them: nothing outlives the sweep."""
+    for child in multiprocessing.active_children():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child.pid, signal.SIGKILL)
-    pool.terminate()
-    pool.join()
+    pool.shutdown(wait=True, cancel_futures=True)

@@ -29,7 +29,7 @@ from apache_beam.options.pipeline_options import (
 )
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-from kvldp.runtime import tally, tweaks
+from kvldp.runtime import atomic, tally, tweaks
 from kvldp.runtime.local_runner import make_runner
 from kvldp.runtime.options import JobOptions
 from kvldp.runtime.process import release_freed_memory
@@ -279,5 +279,5 @@ def print_row_summary(stats: dict[str, int], out=None, failed: bool = False):
 def save_array(array, path: str):
     buf = io.BytesIO()
     np.save(buf, array)
-    with FileSystems.create(path) as fh:
+    with atomic.writing(path), FileSystems.create(path) as fh:      # a full disk names the file
         fh.write(buf.getvalue())

@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import functools
 import gc
+import glob
 import os
 import shutil
 import tempfile
@@ -54,6 +56,10 @@ TRIM_THRESHOLD = 2 * MMAP_THRESHOLD
 _heap_set_up = [False]
 
 
+SCRATCH_PREFIX = "kvldp-run-"
+OWNER_LOCK = ".owner.lock"     # held (flock) by the command while it runs; the kernel drops it when it dies
+
+
 @contextlib.contextmanager
 def private_tempdir():
     """The command's temporary files in one directory of its own, removed
@@ -61,8 +67,15 @@ def private_tempdir():
     directory for every pipeline and removes it only when that pipeline's
     run returns, so an interrupted job, a pipeline never run, or an
     evaluate worker killed with its sweep left one behind in ``$TMPDIR``
-    each. ``TMPDIR`` points here too, for the command's subprocesses."""
-    base = tempfile.mkdtemp(prefix="kvldp-run-")
+    each. ``TMPDIR`` points here too, for the command's subprocesses.
+
+    A command killed with SIGKILL runs no ``finally``: its directory stays,
+    and the next command removes it (``clear_abandoned``)."""
+    parent = tempfile.gettempdir()
+    clear_abandoned(parent)
+    base = tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=parent)
+    owner = os.open(os.path.join(base, OWNER_LOCK), os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(owner, fcntl.LOCK_EX)
     saved_env, saved_dir = os.environ.get("TMPDIR"), tempfile.tempdir
     os.environ["TMPDIR"], tempfile.tempdir = base, base
     try:
@@ -74,6 +87,33 @@ def private_tempdir():
         else:
             os.environ["TMPDIR"] = saved_env
         shutil.rmtree(base, ignore_errors=True)
+        os.close(owner)
+
+
+def clear_abandoned(parent: str) -> list[str]:
+    """Remove the scratch directories under ``parent`` whose command died
+    (issue 42: every SIGKILLed command left one, with whatever its jobs had
+    written in it). A command holds an exclusive ``flock`` on its
+    directory's lock file while it runs; the kernel drops it when the
+    process dies however it dies, so a lock we can take is an abandoned
+    directory, and one held (or not yet made) belongs to a live command."""
+    removed = []
+    for path in glob.glob(os.path.join(glob.escape(parent), SCRATCH_PREFIX + "*")):
+        try:
+            fd = os.open(os.path.join(path, OWNER_LOCK), os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        finally:
+            os.close(fd)
+    return removed
 
 
 def set_up(tweaks: frozenset[str]) -> None:

@@ -20,6 +20,7 @@ from apache_beam.metrics import Metrics
 NAMESPACE = "kvldp"
 
 _tallies: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+_seen: dict[tuple[str, str], set] = collections.defaultdict(set)
 _lock = threading.Lock()
 
 
@@ -34,6 +35,30 @@ class JobCounter:
         self._metric.inc(n)
         with _lock:
             _tallies[self._job][self._name] += n
+
+
+class DistinctCounter:
+    """Beam counter ``kvldp/name`` plus the tally of ``job``, each item
+    counted once by this process. A Flink job restored from a checkpoint
+    replays what followed it, panes included: the count of windows that
+    closed must not grow when the same window closes again (issue 42: the
+    job stopped after ``--stop-after-windows`` N with N-1 windows closed,
+    one counted twice)."""
+
+    def __init__(self, job: str, name: str):
+        self._job, self._name = job, name
+        self._metric = Metrics.counter(NAMESPACE, name)
+
+    def add(self, item) -> bool:
+        """Count ``item`` unless this process counted it; whether it was new."""
+        with _lock:
+            seen = _seen[(self._job, self._name)]
+            if item in seen:
+                return False
+            seen.add(item)
+            _tallies[self._job][self._name] += 1
+        self._metric.inc()
+        return True
 
 
 # Batch jobs count under one key per process: ``runtime.jobs``'s progress
@@ -56,3 +81,5 @@ def tally(job: str) -> dict[str, int]:
 def forget(job: str) -> None:
     with _lock:
         _tallies.pop(job, None)
+        for key in [k for k in _seen if k[0] == job]:
+            del _seen[key]

@@ -132,7 +132,7 @@ class ChainRoundsFn(beam.DoFn):
             start = state or self._protocol.initial_state(Collection(self._collection_id, layout))
             after = advance(self._protocol, r, start, counts)
             pane = dataclasses.replace(head, estimates=self._protocol.estimates(after), round=r + 1)
-            self._panes.count(pane.timing, pane.index)
+            self._panes.count(pane)
             yield pane
             if pane.timing == "ON_TIME":
                 records = broadcast_records(after, self._protocol, self._names)

@@ -36,7 +36,7 @@ from apache_beam.utils.timestamp import Duration, Timestamp
 from apache_beam.utils.windowed_value import PaneInfoTiming
 
 from kvldp.mechanisms.base import Estimates
-from kvldp.runtime.tally import JobCounter
+from kvldp.runtime.tally import DistinctCounter, JobCounter
 from kvldp.schemas import envelope
 from kvldp.schemas.expansion import check_expansion
 from kvldp.transforms.collector import CollectStep
@@ -90,6 +90,7 @@ class WindowSpec:
 
 DEAD_LETTERS_EMITTED = "dead_letters_emitted"
 WINDOWS_OPENED = "windows_opened"
+WINDOWS_CLOSED = "windows_closed"
 
 
 class DeadLetterOutput:
@@ -380,21 +381,26 @@ class Pane:
 
 
 class PaneCounters:
-    """The pane counters of a job: emitted, on time, late, and windows
-    opened (a window's first pane before it closed: the stop waits until
-    each opened window had its on-time pane, so none is left half-counted)."""
+    """The pane counters of a job: panes emitted, on time and late, and
+    the windows opened (a window's first pane before it closed) and closed
+    (its on-time pane): the stop waits until each opened window closed, so
+    none is left half-counted. Windows are counted once each, by window and
+    round, since a restore replays panes (``tally.DistinctCounter``)."""
 
     def __init__(self, job: str):
         self._panes, self._on_time = JobCounter(job, "panes_emitted"), JobCounter(job, "panes_on_time")
-        self._late, self._opened = JobCounter(job, "panes_late"), JobCounter(job, WINDOWS_OPENED)
+        self._late = JobCounter(job, "panes_late")
+        self._opened, self._closed = DistinctCounter(job, WINDOWS_OPENED), DistinctCounter(job, WINDOWS_CLOSED)
 
-    def count(self, timing: str, index: int):
+    def count(self, pane: Pane):
         self._panes.inc()
-        if index == 0 and timing != "LATE":
-            self._opened.inc()
-        if timing == "ON_TIME":
+        window = (pane.window_start_ms, pane.window_end_ms, pane.round)
+        if pane.timing != "LATE":
+            self._opened.add(window)
+        if pane.timing == "ON_TIME":
             self._on_time.inc()
-        elif timing == "LATE":
+            self._closed.add(window)
+        elif pane.timing == "LATE":
             self._late.inc()
 
 
@@ -404,7 +410,7 @@ class _PaneFn(beam.DoFn):
 
     def process(self, estimates, w=beam.DoFn.WindowParam, pane=beam.DoFn.PaneInfoParam):
         out = Pane.of(w, pane, estimates)
-        self._counters.count(out.timing, out.index)
+        self._counters.count(out)
         yield out
 
 
