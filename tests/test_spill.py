@@ -127,19 +127,24 @@ def test_the_local_runner_spills_in_a_scratch_directory_and_no_other_runner_does
     assert not Path(directory).exists() and not Path(directory).parent.exists()
 
 
-def test_the_ingest_counts_its_spilled_files(tmp_path, capsys):
+def test_the_ingest_counts_its_spilled_files(tmp_path, capsys, monkeypatch):
     """``perturb`` on the local runner reads a ratings file through spilled
-    shards, and its scratch directory is gone when it ends."""
+    shards, and its scratch directory is gone when it ends. (Its temporary
+    directory is the test's own: in the shared one, another xdist worker's
+    job made ``kvldp-*`` directories meanwhile, and CI failed on them.)"""
     from kvldp.cli import commands as cli
 
     path = _csv(tmp_path)
-    before = set(Path(runner.tempfile.gettempdir()).glob("kvldp-*"))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(runner.tempfile, "tempdir", str(scratch))
+    before = set(scratch.glob("kvldp-*"))
     before_files = tally.tally(tally.PROCESS).get(SPILLED_FILES, 0)
     cli.main(["perturb", "--mechanism", "pckv-grr", "--epsilon", "2", "--input", str(path),
               "--rating-range", "1,5", "--seed", "3", "--output", str(tmp_path / "out" / "R.avro")])
     assert tally.tally(tally.PROCESS).get(SPILLED_FILES, 0) > before_files
     assert "rows read 1206 = accepted 1201 + rejected 5 [ok]" in capsys.readouterr().out.replace(",", "")
-    assert set(Path(runner.tempfile.gettempdir()).glob("kvldp-*")) <= before
+    assert set(scratch.glob("kvldp-*")) <= before
 
 
 def test_a_spill_that_cannot_be_written_names_the_directory_and_what_to_do(tmp_path):

@@ -63,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser):
     run = parser.add_argument_group("running")
     run.add_argument("--max-runtime", type=parse_duration, default=None, help="stop (drain) after this long")
     run.add_argument("--stop-after-windows", type=positive_int, default=None,
-                     help="stop once this many windows (each counted once, also when a restore replays it) have had their on-time pane")
+                     help="stop once this many windows (each counted once, also when a restore replays it) "
+                          "have had their on-time pane")
     run.add_argument("--progress-every", type=parse_duration, default=None,
                      help="counters in the log this often (default: every --early-every, else 10s)")
     run.add_argument("--drain-timeout", type=parse_duration, default=60.0,
