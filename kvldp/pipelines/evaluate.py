@@ -409,12 +409,11 @@ def run(config: EvaluateConfig, beam_args) -> dict:
         sweep.run_cells(functools.partial(run_cell_task, config, beam_args, str(out_dir)), tasks,
                         config.parallel, finished)
     except sweep.Interrupted as stop:
-        progress.close()             # ends the bar's line: the one line stopping it starts a line of its own
         done = sum(store.done(*w) for w in wanted)
         raise sweep.SweepInterrupted(f"stopped by {stop}: {done} of {len(pairs)} (cell, post-processing) pairs are in "
                                f"{progress_rows}; rerun the same command to run the rest") from None
     finally:
-        progress.close()             # (idempotent) after a failure too, for the same reason
+        progress.close()             # ends the bar's line, also before a stop's or a failure's one line
     sweep.write_csv_atomically(results, FIELDS, store.rows(wanted))
     progress_rows.unlink(missing_ok=True)
     pngs = figures.plot_results(results, out_dir)          # (atomic writes: a full disk names the file)

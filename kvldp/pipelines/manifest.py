@@ -25,7 +25,6 @@ import glob
 import hashlib
 import json
 import re
-import uuid
 from collections.abc import Sequence
 
 from apache_beam.io.filesystems import FileSystems
@@ -115,17 +114,8 @@ def write_manifest(prefix: str, config: dict, key_names: Sequence[str],
                 "rating_range": None if rating_range is None else [float(x) for x in rating_range],
                 "files": [describe_file(f) for f in files]}
     manifest["reports"] = sum(f["records"] for f in manifest["files"])
-    path = manifest_path(prefix)
-    temp = f"{path}.tmp-{uuid.uuid4().hex}"       # as io.TEMP_INFIX
-    try:
-        with atomic.writing(path), FileSystems.create(temp) as fh:
-            fh.write(json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
-        if FileSystems.exists(path):
-            FileSystems.delete([path])
-        FileSystems.rename([temp], [path])
-    finally:
-        if FileSystems.exists(temp):          # failed (a full disk): no half manifest left
-            FileSystems.delete([temp])
+    with atomic.replaced_on_filesystems(manifest_path(prefix)) as temp, FileSystems.create(temp) as fh:
+        fh.write(json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
     return manifest
 
 

@@ -24,6 +24,8 @@ def element_context(what: str):
         raise
     except Exception as err:
         text = str(err)
+        if isinstance(err, OSError) and err.filename == what:     # already names it (runtime.atomic.writing)
+            text = f"[Errno {err.errno}] {err.strerror}"
         if text.startswith(what):                  # already names it
             text = text[len(what):].lstrip(": ")
         raise ElementError(f"{what}: {type(err).__name__}: {text}") from err

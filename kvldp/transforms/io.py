@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Mapping
 
 import apache_beam as beam
@@ -20,7 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from kvldp import schemas
 from kvldp.mechanisms.base import DEFAULT_BATCH_SIZE, Reports
-from kvldp.runtime import tally
+from kvldp.runtime import atomic, tally
 from kvldp.schemas import envelope
 from kvldp.schemas.invalid import reading
 from kvldp.transforms.coders import ArrayPayloadCoder  # noqa: F401  (registers the coders)
@@ -44,7 +43,7 @@ def format_of(path: str, declared: str | None = None) -> str:
                      f"use .csv, .jsonl or .avro (or declare it with --input-format)")
 
 
-TEMP_INFIX = ".tmp-"          # a file being written: PATH.tmp-<uuid>, renamed to PATH when whole
+TEMP_INFIX = atomic.TEMP_INFIX          # a file being written: PATH.tmp-<uuid>, renamed to PATH when whole
 
 
 class _WriteReportFileFn(beam.DoFn):
@@ -56,18 +55,9 @@ class _WriteReportFileFn(beam.DoFn):
         # under a temporary name, then renamed: a job killed mid-write leaves no half file under a report
         # file's name (``R-*.avro`` does not match the temporary one; --overwrite removes it)
         path = f"{self._prefix}-{reports.batch_id:05d}.avro"
-        temp = f"{path}{TEMP_INFIX}{uuid.uuid4().hex}"
-        with element_context(path):           # a full disk names the file it could not write
-            try:
-                with FileSystems.create(temp) as fh:
-                    envelope.write_reports(fh, reports, self._config)
-                if FileSystems.exists(path):          # a retried bundle's earlier attempt
-                    FileSystems.delete([path])
-                FileSystems.rename([temp], [path])
-            except BaseException:
-                if FileSystems.exists(temp):
-                    FileSystems.delete([temp])
-                raise
+        # (element_context: a full disk names the file it could not write)
+        with element_context(path), atomic.replaced_on_filesystems(path) as temp, FileSystems.create(temp) as fh:
+            envelope.write_reports(fh, reports, self._config)
         self._written.inc(reports.n_reports)
         yield path
 
@@ -181,23 +171,12 @@ class _WriteEstimateTableFn(beam.DoFn):
         self._written = tally.counter("estimates_written")
 
     def process(self, table):
-        temp = f"{self._path}{TEMP_INFIX}{uuid.uuid4().hex}"
-        with element_context(self._path):         # a full disk names the file it could not write
-            self._write(table, temp)
-        yield self._path
-
-    def _write(self, table, temp: str):
-        try:
-            with FileSystems.create(temp) as fh:
-                n = write_estimate_table(fh, table, self._fmt)
-            if FileSystems.exists(self._path):
-                FileSystems.delete([self._path])
-            FileSystems.rename([temp], [self._path])
-        except BaseException:
-            if FileSystems.exists(temp):
-                FileSystems.delete([temp])
-            raise
+        # (element_context: a full disk names the file it could not write)
+        with element_context(self._path), atomic.replaced_on_filesystems(self._path) as temp, \
+                FileSystems.create(temp) as fh:
+            n = write_estimate_table(fh, table, self._fmt)
         self._written.inc(n)
+        yield self._path
 
 
 class WriteEstimates(beam.PTransform):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import uuid
 from collections.abc import Sequence
 
 import apache_beam as beam
@@ -22,6 +21,7 @@ import fastavro
 from apache_beam.io.filesystems import FileSystems
 
 from kvldp import schemas
+from kvldp.runtime import atomic
 from kvldp.runtime.tally import JobCounter
 from kvldp.schemas import envelope
 from kvldp.schemas.records import estimate_records
@@ -36,10 +36,8 @@ def publish_file(path: str, data: bytes) -> str:
     """Write ``data`` to ``path`` so that a reader watching the directory
     never sees it half-written: into a temporary name first (which no
     ``*.jsonl``/``*.avro``/``*.json`` pattern matches), then renamed."""
-    temporary = f"{path}.tmp-{uuid.uuid4().hex}"
-    with FileSystems.create(temporary) as fh:
+    with atomic.replaced_on_filesystems(path) as temporary, FileSystems.create(temporary) as fh:
         fh.write(data)
-    FileSystems.rename([temporary], [path])
     return path
 
 
