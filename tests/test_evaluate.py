@@ -37,8 +37,16 @@ def test_tiny_sweep_csv_and_figures(tmp_path, capsys):
     expected |= {(f"{metric}_{what}", key_set) for what in ("frequency", "mean") for key_set in ("all", "f>=1/d")
                  for metric in ("coverage", "scored", "no_interval")}
     expected |= {(f"{metric}_{what}", "all") for what in ("frequency", "mean") for metric in ("se_zero", "null")}
+    expected |= {(metric, "all") for metric in ("total_frequency", "total_frequency_se", "true_total_frequency")}
+    by_status = ("null_frequency_by_status", "null_mean_by_status")
     for rs in per_cell.values():
-        assert {(r["metric"], r["key_set"]) for r in rs} == expected
+        assert {(r["metric"], r["key_set"]) for r in rs if r["metric"] not in by_status} == expected
+        # every null estimate is counted under its status: for the frequency (a truth for every key) they add up
+        null = {r["key_set"]: float(r["value"]) for r in rs if r["metric"] == "null_frequency_by_status"}
+        assert "ok" not in null
+        assert sum(null.values()) == next(float(r["value"]) for r in rs if r["metric"] == "null_frequency")
+        total = {r["metric"]: float(r["value"]) for r in rs if r["metric"].endswith("total_frequency")}
+        assert total["true_total_frequency"] == pytest.approx(1.0)      # synthetic-uu: one pair per user
     for rs in per_cell.values():
         ncr = next(float(r["value"]) for r in rs if r["metric"] == "ncr")
         for r in rs:

@@ -29,7 +29,6 @@ gain of each post-processing over ``raw`` per mechanism and epsilon.
 from __future__ import annotations
 
 import copy
-import csv
 import dataclasses
 import functools
 import os
@@ -45,6 +44,7 @@ from kvldp.mechanisms.estimation.postprocess import DEFAULT as DEFAULT_POSTPROCE
 from kvldp.mechanisms.estimation.postprocess import RAW, postprocess_all
 from kvldp.mechanisms.kv.longitudinal import LongitudinalOptions
 from kvldp.mechanisms.local import run_local
+from kvldp.pipelines import evaluate_tables as tables
 from kvldp.pipelines import mechanism_config, over_time, simulate, sources, sweep
 from kvldp.pipelines.graphs import to_records
 from kvldp.pipelines.mechanism_config import MechanismConfig
@@ -58,7 +58,6 @@ from kvldp.runtime import atomic
 from kvldp.runtime import jobs as runner
 
 COVERAGE_METRICS = ("coverage", "scored", "no_interval", "se_zero", "null")
-FREQUENT = "f>=1/d"          # the key set of the keys with true frequency >= 1/d
 
 FIELDS = ["mechanism", "epsilon", "repeat", "postprocess", "metric", "key_set", "value", "theory", "dataset",
           "n_users"]
@@ -201,7 +200,7 @@ def score(records: list[dict], mechanism, n_users: int, tops, run_info, paper: l
     for what, est, truth in (("frequency", f, tf), ("mean", m, tm)):
         lo, hi = column(records, f"{what}_lo"), column(records, f"{what}_hi")
         se = column(records, f"{what}_se")
-        for label, keys in (("all", np.arange(len(records))), (FREQUENT, frequent)):
+        for label, keys in (("all", np.arange(len(records))), (tables.FREQUENT, frequent)):
             share, scored = metrics.interval_coverage(lo, hi, truth, keys)
             given = keys[np.isfinite(truth[keys]) & np.isfinite(est[keys])]
             add(f"coverage_{what}", label, share)
@@ -209,7 +208,19 @@ def score(records: list[dict], mechanism, n_users: int, tops, run_info, paper: l
             add(f"no_interval_{what}", label, int(np.sum(~(np.isfinite(lo[given]) & np.isfinite(hi[given])))))
         add(f"se_zero_{what}", "all", int(np.sum(se == 0)))
         add(f"null_{what}", "all", metrics.null_count(est, truth))
+        for status, count in metrics.null_statuses(est, statuses(records, f"{what}_status")).items():
+            add(f"null_{what}_by_status", status, count)
+    # the frequency mass: pairs per user, estimated (null keys count 0) against the truth
+    add("total_frequency", "all", float(np.nansum(f)))
+    add("total_frequency_se", "all", float(np.sqrt(np.nansum(column(records, "frequency_se") ** 2))))
+    add("true_total_frequency", "all", float(np.nansum(tf)))
     return rows
+
+
+def statuses(records, field: str) -> np.ndarray:
+    """A status field of estimate records as an object array (``ok`` where absent)."""
+    values = records.column(field) if hasattr(records, "column") else [r.get(field) for r in records]
+    return np.array([v or "ok" for v in values], dtype=object)
 
 
 def run_cell(cell, config: EvaluateConfig, beam_args, out_dir: str, methods=None):
@@ -255,88 +266,6 @@ def run_numpy(config: SimulateConfig, beam_args, methods=None) -> dict:
                  for method, est in zip(methods, postprocess_all(result.estimates, methods), strict=True)}
     return {"mechanism": mechanism, "dataset": dataset.name, "records": by_method[methods[0]],
             "records_by_method": by_method, "n_users": dataset.n_users, "stats": {}}
-
-
-def _cells(results_csv) -> dict:
-    """``(dataset, mechanism, epsilon, post-processing) -> {(metric, key_set): [value per repeat]}``."""
-    with open(results_csv, newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    cells: dict = {}
-    for r in rows:
-        key = (r["dataset"], r["mechanism"], float(r["epsilon"]), r["postprocess"])
-        cells.setdefault(key, {}).setdefault((r["metric"], r["key_set"]), []).append(float(r["value"]))
-    return cells
-
-
-def _pooled(c, what, key_set):
-    """Coverage pooled over keys and repeats, and the keys scored per repeat."""
-    share, scored = c.get((f"coverage_{what}", key_set), []), c.get((f"scored_{what}", key_set), [])
-    hits = sum(s * k for s, k in zip(share, scored, strict=False) if k > 0)
-    total = sum(k for k in scored if k > 0)
-    return (f"{hits / total:.3f}" if total else "–"), (total / len(scored) if scored else 0.0)
-
-
-def coverage_table(results_csv) -> str:
-    """Markdown: per dataset, mechanism, epsilon and post-processing, over
-    the repeats, the coverage of the 95 % intervals ``[*_lo, *_hi]`` pooled
-    over keys and repeats (all keys; keys with true frequency ``>= 1/d``),
-    for frequency and mean, with the keys scored per repeat; the keys
-    without an interval (uninformative, biased) and the null estimates per
-    repeat; the keys with s.e. 0 (summed over repeats)."""
-    cells = _cells(results_csv)
-    out = ["| dataset | mechanism | eps | post-processing | repeats | freq coverage all / f>=1/d (keys) "
-           "| mean coverage all / f>=1/d (keys) | #no interval f/m (per run) | #null f/m (per run) "
-           "| #s.e.=0 f/m (all repeats) |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-
-    def per_run(c, metric):
-        vals = c.get((metric, "all"), [])
-        return f"{np.mean(vals):.4g}" if vals else "–"
-
-    for (dataset, mech, eps, method), c in sorted(cells.items()):
-        if ("coverage_frequency", "all") not in c:
-            continue
-        reps = len(c[("coverage_frequency", "all")])
-        cov = {}
-        for what in ("frequency", "mean"):
-            (a, _), (b, k) = _pooled(c, what, "all"), _pooled(c, what, FREQUENT)
-            cov[what] = f"{a} / {b} ({k:.1f})"
-        zeros = f"{int(sum(c.get(('se_zero_frequency', 'all'), [])))}/{int(sum(c.get(('se_zero_mean', 'all'), [])))}"
-        out.append(f"| {dataset} | {mech} | {eps:g} | {method} | {reps} | {cov['frequency']} | {cov['mean']} | "
-                   f"{per_run(c, 'no_interval_frequency')}/{per_run(c, 'no_interval_mean')} | "
-                   f"{per_run(c, 'null_frequency')}/{per_run(c, 'null_mean')} | {zeros} |")
-    return "\n".join(out) + "\n"
-
-
-GAIN_METRICS = (("mse_frequency", "all"), ("mse_mean", "all"), ("mse_frequency", "top50"), ("mse_mean", "top50"),
-                ("ncr", "top20"), ("ncr", "top50"))
-
-
-def gain_table(results_csv) -> str:
-    """Markdown: per dataset, mechanism and epsilon, each metric's mean over
-    the repeats for ``raw`` and every other post-processing, with the ratio
-    post-processed / raw for the MSEs (< 1: the post-processing helps)."""
-    cells = _cells(results_csv)
-    methods = sorted({k[3] for k in cells} - {RAW})
-    present = [(m, ks) for m, ks in GAIN_METRICS if any((m, ks) in c for c in cells.values())]
-    head = " | ".join(f"{m.replace('mse_', 'MSE ')} {ks}" for m, ks in present)
-    out = [f"| dataset | mechanism | eps | post-processing | {head} |", "|---|---|---|---|" + "---|" * len(present)]
-    for (dataset, mech, eps, method), c in sorted(cells.items(), key=lambda kv: (kv[0][:3], kv[0][3] != RAW)):
-        if method != RAW and method not in methods:
-            continue
-        raw = cells.get((dataset, mech, eps, RAW), {})
-        parts = []
-        for metric, ks in present:
-            vals = [v for v in c.get((metric, ks), []) if v == v]
-            if not vals:
-                parts.append("–")
-                continue
-            value = np.mean(vals)
-            base = [v for v in raw.get((metric, ks), []) if v == v]
-            ratio = f" ({value / np.mean(base):.2f}x)" if method != RAW and metric.startswith("mse") and base else ""
-            parts.append(f"{value:.3g}{ratio}")
-        out.append(f"| {dataset} | {mech} | {eps:g} | {method} | " + " | ".join(parts) + " |")
-    return "\n".join(out) + "\n"
 
 
 def cell_parameters(config: EvaluateConfig, cell, method: str) -> dict:
@@ -417,12 +346,15 @@ def run(config: EvaluateConfig, beam_args) -> dict:
     sweep.write_csv_atomically(results, FIELDS, store.rows(wanted))
     progress_rows.unlink(missing_ok=True)
     pngs = figures.plot_results(results, out_dir)          # (atomic writes: a full disk names the file)
-    table = coverage_table(results)
+    table = tables.coverage_table(results)
     atomic.write_text(out_dir / "coverage.md", table)
-    gains = gain_table(results)
+    gains = tables.gain_table(results)
     atomic.write_text(out_dir / "postprocess.md", gains)
+    defaults = tables.defaults_table(results)
+    atomic.write_text(out_dir / "defaults.md", defaults)
     print(gains)
     print(table)
+    print(defaults)
     print(f"results: {results}")
     for png in pngs:
         print(f"figure: {png}")

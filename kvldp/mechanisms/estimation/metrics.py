@@ -46,6 +46,13 @@ def null_count(estimate: np.ndarray, truth: np.ndarray, keys=None) -> int:
     return int(np.sum(np.isfinite(truth[keys]) & ~np.isfinite(estimate[keys])))
 
 
+def null_statuses(estimate: np.ndarray, status: np.ndarray) -> dict[str, int]:
+    """``{status: keys}`` of the null (NaN) estimates: why each was left out."""
+    null = ~np.isfinite(np.asarray(estimate, float))
+    names, counts = np.unique(np.asarray(status, dtype=object)[null].astype(str), return_counts=True)
+    return {str(n): int(c) for n, c in zip(names, counts, strict=True)}
+
+
 def coverage(estimate: np.ndarray, se: np.ndarray, truth: np.ndarray, keys=None, z: float = 1.96):
     """``(share covered, keys scored, keys with s.e. == 0)``: among ``keys``
     with a defined truth and a non-null estimate and s.e., the share whose
