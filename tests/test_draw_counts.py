@@ -163,7 +163,8 @@ def test_simulate_draws_the_counts_the_numpy_loop_draws(tmp_path, capsys):
     assert not np.array_equal(reported.counts, local.counts)     # another sampler: other draws
 
     out = tmp_path / "pckv.jsonl"
-    assert cli.main(["simulate", "--mechanism", "pckv-ue", *SIM, "--postprocess", "raw", "--output", str(out)]) == 0
+    assert cli.main(["simulate", "--mechanism", "pckv-ue", *SIM, "--postprocess", "raw", "--padding", "2",
+                     "--output", str(out)]) == 0
     mech = registry.make("pckv-ue", 6, 3.0, padding=2)
     local = run_local(mech, SyntheticDataset("corr", 40_000, 6, seed=2), seed=2, batch_size=10_000,
                       draw_counts=True)

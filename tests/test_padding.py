@@ -251,7 +251,11 @@ def test_resolve_padding_on_a_loaded_dataset(capsys):
     plan = resolve_padding(chosen, config, [], data, None)
     assert plan.l == choose_padding(hist) == 3 and plan.auto and plan.warning is None
     assert f"chose l = {plan.l}" in capsys.readouterr().out
-    chosen, config = _mechanism_args(["--mechanism", "ks-ue", "--epsilon", "1"])  # the dataset's default l = 1
+    chosen, config = _mechanism_args(["--mechanism", "ks-ue", "--epsilon", "1"])  # the default: auto (issue 43)
+    plan = resolve_padding(chosen, config, [], data, None)
+    assert plan.l == 3 and plan.auto and plan.warning is None
+    assert "the default padding (auto) chose l = 3" in capsys.readouterr().out
+    chosen, config = _mechanism_args(["--mechanism", "ks-ue", "--epsilon", "1", "--padding", "1"])
     plan = resolve_padding(chosen, config, [], data, None)
     err = capsys.readouterr().err
     assert plan.l == 1 and err.startswith("WARNING:")
@@ -386,7 +390,9 @@ def test_perturb_auto_then_collect_reads_l_from_the_reports(ratings_file, tmp_pa
                "--overwrite"]
     assert cli.main([*collect, "--padding", "auto"]) == 0
     assert "padding=3" in capsys.readouterr().out
-    assert cli.main(collect) == 2                                  # l = 1 does not match the reports
+    assert cli.main(collect) == 0                                  # no --padding: the reports' l (issue 43)
+    assert "padding=3" in capsys.readouterr().out
+    assert cli.main([*collect, "--padding", "1"]) == 2             # l = 1 does not match the reports
     assert "rerun collect" in capsys.readouterr().err
     pattern = str(tmp_path / "r" / "R*.avro")
     chosen = MechanismConfig("pckv-grr", 4.0, {"padding": "auto"})

@@ -156,6 +156,32 @@ def test_shrinking_privkvs_mean_removes_its_attenuation():
     assert set(shrunk.mean_status[ok]) <= {STATUS_OK, STATUS_UNINFORMATIVE}
 
 
+@pytest.mark.parametrize("name, options", [("privkvm", {}), ("privkvm-plus", {"a0": 0.0, "max_rounds": 3})])
+def test_privkvms_means_are_post_processed_with_every_rounds_reports(name, options):
+    """Issue 43: PrivKVM's and PrivKVM+'s means were left as the paper gives
+    them -- attenuated towards the broadcast (Theorem 5.3) and null wherever
+    round 1's frequency was <= 0. Each round's value counts are now a
+    binomial in the key's (f, m) with that round's broadcast as the fake
+    value (``CountModel.with_round``), so the default de-biases and shrinks
+    them: every estimated key has a mean, the attenuation is gone (slope on
+    the truth measured 0.27 -> 0.71), the MSE is well below the paper's
+    (measured 0.12 -> 0.044) and the intervals hold the truth."""
+    d = 50
+    mech = registry.make(name, d, 6.0, **options)
+    res = run_local(mech, SyntheticDataset("gg", n_users=1_000_000, d=d, seed=5), SimulationSeed(5))
+    est, (f, m) = res.estimates, res.true_values(d)
+    assert len(est.count_model.later_rounds) == 2                     # three rounds, one likelihood
+    out = postprocess(est)
+    held = np.flatnonzero(np.isfinite(m))
+    assert np.all(np.isfinite(out.mean[est.frequency_status == STATUS_OK]))
+    paper = np.flatnonzero(np.isfinite(est.mean) & np.isfinite(m))
+    slope = lambda x: np.polyfit(m[paper], x[paper], 1)[0]     # noqa: E731
+    assert slope(out.mean) > 2 * slope(est.mean)
+    assert metrics.mse(out.mean, m, paper) < 0.6 * metrics.mse(est.mean, m, paper)
+    share, scored = metrics.interval_coverage(out.mean_lo, out.mean_hi, m, held[f[held] >= 1.0 / d])
+    assert scored >= 20 and share >= 0.9, (share, scored)
+
+
 def test_intervals_cover_the_truth_at_their_nominal_rate():
     """Done-when of issue 13: the 95 % intervals of the default output cover
     the truth 93-97 % of the time for the keys with true frequency >= 1/d,

@@ -19,16 +19,18 @@ def add_overwrite_arg(parser) -> None:
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
 
-HELP = ("post-processing of the calibrated estimates, FREQ[+shrink]: FREQ one of raw (the paper's estimator, "
-        "clipped: the mechanism's own output), eb (empirical Bayes), norm-sub, project, base-cut (Wang et al.'s "
-        "consistency); +shrink shrinks the means towards the pooled mean by empirical Bayes; 'shrink' alone "
-        "keeps the paper's frequencies. Every choice but raw writes likelihood-ratio 95 %% intervals "
-        "(*_lo, *_hi) that cover each key's truth whatever the post-processing did. Default: "
+HELP = ("post-processing of the calibrated estimates: auto, or FREQ[+shrink]. auto moves each estimate from "
+        "the paper's towards empirical Bayes' by at most c standard errors, c chosen by estimates of the risk "
+        "over all keys (SURE) and over the top 50 (never above the paper's); FREQ one of raw (the paper's "
+        "estimator, clipped: the mechanism's own output), eb (empirical Bayes), norm-sub, project, base-cut "
+        "(Wang et al.'s consistency); +shrink shrinks the means towards the pooled mean by empirical Bayes; "
+        "'shrink' alone keeps the paper's frequencies. Every choice but raw writes likelihood-ratio 95 %% "
+        "intervals (*_lo, *_hi) that cover each key's truth whatever the post-processing did. Default: "
         f"{pp.DEFAULT.name} (docs/postprocessing.md)")
 
 
 def add_postprocess_arg(parser):
-    parser.add_argument("--postprocess", type=postprocess_arg, default=pp.DEFAULT.name, metavar="FREQ[+shrink]",
+    parser.add_argument("--postprocess", type=postprocess_arg, default=pp.DEFAULT.name, metavar="auto|FREQ[+shrink]",
                         help=HELP)
 
 

@@ -145,8 +145,9 @@ def floats(text: str) -> tuple[float, ...]:
 def padding_option(default: int = 1):
     return option(default, "padding length l of padding-and-sampling, or 'auto': the ingest side picks the "
                   "smallest l covering --coverage (0.9) of the users from the data's set sizes (a "
-                  "data-dependent public parameter); default: the dataset's, 1 for single-pair data, 2 for "
-                  "clothing", low=1, whole=True, short="-l", parse=whole_or_auto, metavar="L")
+                  "data-dependent public parameter); default: auto on the ingest side (simulate, perturb, "
+                  "evaluate), the reports' l on the collector's", low=1, whole=True, short="-l",
+                  parse=whole_or_auto, metavar="L")
 
 
 def top_option(default: int = 20):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import io
 import os
 from pathlib import Path
 
@@ -48,6 +49,7 @@ from kvldp.pipelines import evaluate_tables as tables
 from kvldp.pipelines import mechanism_config, over_time, simulate, sources, sweep
 from kvldp.pipelines.graphs import to_records
 from kvldp.pipelines.mechanism_config import MechanismConfig
+from kvldp.pipelines.padding import resolve_padding
 from kvldp.pipelines.postprocessing import postprocess_list
 from kvldp.pipelines.presets import PRESETS
 from kvldp.pipelines.simulate import SimulateConfig
@@ -212,6 +214,7 @@ def score(records: list[dict], mechanism, n_users: int, tops, run_info, paper: l
             add(f"null_{what}_by_status", status, count)
     # the frequency mass: pairs per user, estimated (null keys count 0) against the truth
     add("total_frequency", "all", float(np.nansum(f)))
+    add("raw_total_frequency", "all", float(np.nansum(np.where(np.isfinite(f), column(records, "frequency_raw"), 0.0))))
     add("total_frequency_se", "all", float(np.sqrt(np.nansum(column(records, "frequency_se") ** 2))))
     add("true_total_frequency", "all", float(np.nansum(tf)))
     return rows
@@ -258,7 +261,8 @@ def run_numpy(config: SimulateConfig, beam_args, methods=None) -> dict:
     if dataset is None:
         raise ValueError("--engine numpy runs built-in datasets only (synthetic-*, clothing, movielens-100k)")
     ioh_keys = mechanism_config.resolve_ioh_keys(config.mechanism, data, beam_args, dataset.key_names, dataset, None)
-    mechanism = config.mechanism.make(dataset.d, dataset, ioh_keys)
+    padding = resolve_padding(config.mechanism, data, beam_args, dataset, None, out=io.StringIO())  # 'auto' -> l
+    mechanism = config.mechanism.make(dataset.d, dataset, ioh_keys, padding=padding.l)
     result = run_local(mechanism, dataset, seeds.perturb, data.sized_for(mechanism, dataset.d).sized_batch)
     methods = tuple(dict.fromkeys(methods or (config.postprocess,)))
     by_method = {method: to_records(est, dataset.key_names, result.truth, keys=mechanism.estimate_keys,

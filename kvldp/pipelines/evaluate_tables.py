@@ -115,7 +115,9 @@ def defaults_table(results_csv) -> str:
     than ``raw``, the ratio of its MSE to ``raw``'s (each the mean over the
     repeats; top-50 and all keys, frequency and mean: <= 1 means the
     post-processing did no harm), the frequency total (pairs per user) of
-    the output and of ``raw`` against the truth with ``raw``'s s.e., and the
+    the output and of the unclipped raw estimates (the paper's unbiased
+    estimators, which the clipped output is not) with their s.e. against
+    the truth, and the
     null estimates per run by status."""
     cells = _cells(results_csv)
     present = [(m, ks) for m, ks in RATIO_METRICS if any((m, ks) in c for c in cells.values())]
@@ -132,7 +134,7 @@ def defaults_table(results_csv) -> str:
             value, base = _mean(c, metric, ks), _mean(raw, metric, ks)
             ratios.append("–" if not (np.isfinite(value) and np.isfinite(base)) else
                           f"{value / base:.3f}" if base > 0 else ("1.000" if value == 0 else "inf"))
-        total = (f"{_mean(c, 'total_frequency'):.4g} / {_mean(raw, 'total_frequency'):.4g} ± "
+        total = (f"{_mean(c, 'total_frequency'):.4g} / {_mean(raw, 'raw_total_frequency'):.4g} ± "
                  f"{_mean(raw, 'total_frequency_se'):.2g} / {_mean(raw, 'true_total_frequency'):.4g}")
         out.append(f"| {dataset} | {mech} | {eps:g} | {method} | " + " | ".join(ratios) + f" | {total} | "
                    f"{_by_status(c, 'null_frequency_by_status')} | {_by_status(c, 'null_mean_by_status')} |")

@@ -8,14 +8,16 @@ estimator scales by ``l``, so their keys' frequencies come out scaled by
 ingest side (``simulate``, ``perturb``). The collector never can, and takes
 ``l`` from the reports' configuration.
 
-* ``--padding auto``: the ingest side measures the set-size histogram and
+* ``--padding auto``, also the default (issue 43: a fixed default of
+  ``l = 1`` counted each of MovieLens' users once, a 100-fold
+  underestimate of the pairs' mass): the ingest side measures the set-size histogram and
   picks the smallest ``l`` covering ``--coverage`` (0.9) of the users
   (KSKV §4.3's rule, ``choose_padding``). The chosen ``l`` is a
   data-dependent public parameter: it is written into every report's
   configuration and computed from raw data *outside* the epsilon guarantee,
-  which covers the reports given ``l``. The operator opts in by saying
-  ``auto``; to keep ``l`` private, estimate the sizes under LDP with a budget
-  share as KS-Adap does.
+  which covers the reports given ``l`` (the run prints so). To keep ``l``
+  out of the data, give it (``--padding l``); to estimate it under LDP,
+  spend a budget share on the sizes as KS-Adap does.
 * An explicit (or defaulted) ``l`` that truncates more than ``1 - coverage``
   of the users prints ``WARNING:`` on stderr with the truncated share and
   the ``l`` that ``kvldp advise`` / ``auto`` would choose.
@@ -189,7 +191,7 @@ def resolve_padding(mechanism: MechanismConfig, data: DataConfig, beam_args: Seq
     coverage = DEFAULT_COVERAGE if mechanism.get("coverage") is None else float(mechanism.get("coverage"))
     if not 0 < coverage <= 1:
         raise ValueError(f"--coverage must be in (0, 1], got {coverage}")
-    if mechanism.get("padding") == AUTO:
+    if mechanism.get("padding") in (AUTO, None):      # auto by default: the ingest side sees the set sizes
         hist = set_sizes if set_sizes is not None else data_set_sizes(data, beam_args, dataset, dictionary)
         plan = PaddingPlan(choose_padding(hist, coverage), True, coverage, hist)
         check = check_padding(hist, plan.l, coverage)
@@ -199,12 +201,13 @@ def resolve_padding(mechanism: MechanismConfig, data: DataConfig, beam_args: Seq
                f"({check.suggested_covers:.2%} do{rest}" if not check.too_small else
                f"the cap: only {check.suggested_covers:.2%} of the users hold <= {plan.l} pairs "
                f"(the rule wants {coverage:.0%}")
-        print(f"padding: --padding auto chose l = {plan.l}, {why}; {describe_sizes(hist)}). l is computed from "
-              f"the raw data by the ingest side: a public parameter outside the epsilon guarantee.", file=out)
+        how = "--padding auto" if mechanism.get("padding") == AUTO else "the default padding (auto)"
+        print(f"padding: {how} chose l = {plan.l}, {why}; {describe_sizes(hist)}). l is computed from "
+              f"the raw data by the ingest side: a public parameter outside the epsilon guarantee (give --padding l "
+              f"to fix it instead).", file=out)
         plan.inspect()                   # warns only when the cap keeps l below the coverage
         return plan
-    given = mechanism.get("padding")
-    l = given if given is not None else (dataset.default_padding if dataset is not None else 1)
+    l = mechanism.get("padding")
     hist = set_sizes
     if hist is None and isinstance(dataset, InMemoryDataset):
         hist = size_histogram(dataset.users)
@@ -215,14 +218,18 @@ def resolve_padding(mechanism: MechanismConfig, data: DataConfig, beam_args: Seq
 
 
 def padding_from_reports(mechanism: MechanismConfig, reports: str, config: dict) -> int | None:
-    """The collector's padding: with ``--padding auto``, the ``l`` the
-    perturbing side chose, read from ``config``, the configuration stored
-    with the report files ``reports`` (as IOH's keys are); ``None``
-    otherwise, which leaves ``--padding`` as given (``mechanism.make``'s
-    default is 1)."""
-    if mechanism.get("padding") != AUTO or not mechanism.takes("padding"):
+    """The collector's padding: with ``--padding auto`` or none given, the
+    ``l`` the perturbing side chose, read from ``config``, the
+    configuration stored with the report files ``reports`` (as IOH's keys
+    are); ``None`` otherwise, which leaves ``--padding`` as given (reports
+    naming no padding and no ``--padding``: ``mechanism.make``'s default,
+    1)."""
+    given = mechanism.get("padding")
+    if given not in (AUTO, None) or not mechanism.takes("padding"):
         return None
     found = config.get("padding")
     if found is None:
-        raise ValueError(f"--padding auto: the reports {reports} name no padding; give --padding l")
+        if given == AUTO:
+            raise ValueError(f"--padding auto: the reports {reports} name no padding; give --padding l")
+        return None
     return int(found)

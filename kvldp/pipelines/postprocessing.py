@@ -6,7 +6,7 @@ import argparse
 
 from kvldp.mechanisms.estimation import postprocess as pp
 
-PATTERN = r"^((raw|eb|norm-sub|project|base-cut)(\+shrink)?|shrink)$"
+PATTERN = r"^(auto|(raw|eb|norm-sub|project|base-cut)(\+shrink)?|shrink)$"
 
 
 def postprocess_arg(text: str) -> str:

@@ -134,15 +134,17 @@ def broadcast_records(state, protocol, key_names: Sequence[str]) -> list[dict]:
     config = dict(protocol.config())
     est = state.estimates
     cfg = json.dumps(config, sort_keys=True)
+    chain = protocol.round_counts(est) if hasattr(protocol, "round_counts") else None
     out = []
-    for rec, m_next in zip(estimate_records(est, key_names), state.broadcast, strict=True):
+    for k, (rec, m_next) in enumerate(zip(estimate_records(est, key_names), state.broadcast, strict=True)):
         out.append({"round": int(state.rounds_done), "key": rec["key"],
                     "broadcast_kind": protocol.broadcast_kind, "broadcast_value": float(m_next),
                     "stopped": bool(state.stopped), "epsilon_spent": float(state.epsilon_spent), "config": cfg,
                     "extra": json.dumps(dict(state.extra)),
                     "collection": "" if state.collection is None else state.collection.to_json(),
                     **{k: rec[k] for k in ("frequency", "mean", "frequency_raw", "mean_raw", "frequency_se",
-                                           "mean_se", "frequency_status", "mean_status", "n_reports")}})
+                                           "mean_se", "frequency_status", "mean_status", "n_reports")},
+                    "round_counts": [] if chain is None else [float(c) for c in chain[:, k]]})
     return out
 
 
@@ -168,7 +170,8 @@ def state_from_broadcast(records: Sequence[dict], key_names: Sequence[str], prot
     est = Estimates(frequency=col("frequency"), mean=col("mean"), frequency_raw=col("frequency_raw"),
                     mean_raw=col("mean_raw"), frequency_se=col("frequency_se"), mean_se=col("mean_se"),
                     n_reports=int(rows[0]["n_reports"]), mechanism=mechanism, epsilon=epsilon,
-                    frequency_status=status("frequency_status"), mean_status=status("mean_status"))
+                    frequency_status=status("frequency_status"), mean_status=status("mean_status"),
+                    count_model=_rounds_model(rows, protocol))
     extra = tuple(sorted(json.loads(rows[0].get("extra") or "{}").items()))
     collections = {r.get("collection") or "" for r in rows}
     if len(collections) != 1:
@@ -176,6 +179,17 @@ def state_from_broadcast(records: Sequence[dict], key_names: Sequence[str], prot
     return ProtocolState(rounds.pop(), col("broadcast_value"), bool(rows[0]["stopped"]),
                          float(rows[0]["epsilon_spent"]), est, extra,
                          Collection.from_json(collections.pop())), json.loads(rows[0]["config"])
+
+
+def _rounds_model(rows: Sequence[dict], protocol):
+    """The count model of the rounds so far from the records' ``round_counts``
+    (PrivKVM, PrivKVM+), or ``None`` (none kept: an older file, another protocol)."""
+    chain = [r.get("round_counts") or [] for r in rows]
+    if not hasattr(protocol, "model_from_round_counts") or not chain[0]:
+        return None
+    if len({len(c) for c in chain}) != 1:
+        raise ValueError("broadcast: the keys' round_counts differ in length")
+    return protocol.model_from_round_counts(np.array(chain, dtype=np.float64).T)
 
 
 def ioh_counts_record(counts, mechanism, key_names: Sequence[str], truth=None) -> dict:

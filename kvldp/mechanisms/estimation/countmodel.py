@@ -43,6 +43,7 @@ are independent given the sampled key) and, for users holding more than
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -132,6 +133,8 @@ class CountModel:
     plus: int | None = None
     total: float | None = None
     total_variance: float | None = None
+    later_rounds: tuple = ()
+    fake: np.ndarray | None = None      # the non-holders' fake value per key it was built from (PrivKVM's rounds)
     independent_total: bool = dataclasses.field(init=False, default=False)
 
     # A distribution every key shares pickles as its one column (a pickled
@@ -289,10 +292,26 @@ class CountModel:
         P = self.probabilities(f, 0.0, keys)[list(self.present)].sum(axis=0)
         return binomial_loglik(self.present_counts[keys][:, None], self.totals[keys][:, None], P)
 
+    def with_round(self, later: CountModel) -> CountModel:
+        """This model with a later round's value counts multiplied into the
+        mean's likelihood (``split_loglik``): PrivKVM's rounds ask the same
+        users again with the collector's broadcast mean as the non-holders'
+        fake value (a per-key ``non_holder``), so each round's split
+        ``C_plus | S`` is a binomial in the same ``(f, m)``. The frequency's
+        likelihood stays this model's (round 1: PrivKVM's later key bits are
+        fair coins)."""
+        out = copy.copy(self)
+        out.__dict__.pop("shared", None)
+        object.__setattr__(out, "later_rounds", (*self.later_rounds, later))
+        return out
+
     @functools.cached_property
     def shared(self) -> bool:
         """Every key has the same symbol distributions (then ``rho`` is one
-        function of ``(f, m)`` for all keys)."""
+        function of ``(f, m)`` for all keys); never with later rounds (their
+        fake values are per key)."""
+        if self.later_rounds:
+            return False
         return all(np.allclose(x, x[:, :1]) for x in (self.holder_plus, self.holder_minus, self.non_holder))
 
     def split_loglik(self, keys, f_grid, m_grid) -> np.ndarray:
@@ -313,7 +332,10 @@ class CountModel:
             return binomial_loglik_rows(self.plus_counts[keys], self.present_counts[keys], rho[0])
         plus = self.plus_counts[keys][:, None, None]
         present = self.present_counts[keys][:, None, None]
-        return binomial_loglik(plus, present, rho, constant=False)
+        out = binomial_loglik(plus, present, rho, constant=False)
+        for later in self.later_rounds:
+            out += later.split_loglik(keys, f_grid, m_grid)
+        return out
 
     def _rho_of(self, pi: np.ndarray) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):

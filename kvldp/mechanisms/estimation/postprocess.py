@@ -37,11 +37,10 @@ report or two that put their interval's lower end near 0.25; moved there,
 the frequencies summed to 224 instead of ~1.3 and the all-keys MSE rose
 from 9e-10 to 1e-3.
 
-The default, ``eb+shrink``, was chosen by measurement (``docs/postprocess.md``:
-five mechanisms x eps 0.5-4 on synthetic GG and Clothing): the smallest
-all-keys MSE of frequency of these methods in 37 of the 40 cells, a smaller
-MSE of the mean than the paper's in 37, never worse than the paper's at
-eps = 4 (20 repeats of each).
+The default, ``auto``, moves each estimate from the paper's towards
+``eb``'s (frequency) and ``shrink``'s (unbiased means) by a limit chosen
+by estimates of the risk over all keys and over the top keys (``risk.py``,
+issue 43: ``eb+shrink``, the default before, made the top 50 worse at eps 4).
 
 Every post-processed output carries 95 % intervals ``frequency_lo/hi``,
 ``mean_lo/hi`` that do not depend on the post-processing: the
@@ -54,10 +53,9 @@ as its interval.
 Mechanisms without a factorising count model (multi-round protocols, KVOH,
 IOH) fall back to a normal likelihood with the estimates' own standard
 errors (frequencies) and the closed-form James–Stein shrinkage (unbiased
-means); their intervals are the paper's ``raw ± 1.96 s.e.``. The PrivKVM
-family's biased means without a model stay as they are, and so does every
-estimate when fewer than ``MIN_KEYS`` keys are estimated (IOH's few chosen
-keys): too few to learn a prior from.
+means); their intervals are the paper's ``raw ± 1.96 s.e.`` (PrivKVM's
+rounds have a model: ``CountModel.with_round``). Every estimate stays as it
+is when fewer than ``MIN_KEYS`` keys are estimated (IOH's few chosen keys).
 """
 from __future__ import annotations
 
@@ -72,8 +70,9 @@ from kvldp.mechanisms.base import (
     STATUS_UNINFORMATIVE,
     Estimates,
 )
-from kvldp.mechanisms.estimation import consistency, empirical_bayes
+from kvldp.mechanisms.estimation import consistency, empirical_bayes, risk
 from kvldp.mechanisms.estimation.countmodel import CountModel
+from kvldp.mechanisms.estimation.empirical_bayes import fit_sample
 from kvldp.mechanisms.estimation.intervals import LEVEL, frequency_intervals, grid_intervals, wald_intervals
 
 RAW = "raw"
@@ -82,15 +81,14 @@ PROJECT = "project"
 BASE_CUT = "base-cut"
 EB = "eb"
 SHRINK = "shrink"
-FREQUENCY_METHODS = (RAW, NORM_SUB, PROJECT, BASE_CUT, EB)
-MEAN_METHODS = (RAW, SHRINK)
+AUTO = "auto"
+FREQUENCY_METHODS = (RAW, NORM_SUB, PROJECT, BASE_CUT, EB, AUTO)
+MEAN_METHODS = (RAW, SHRINK, AUTO)
 
 MEAN_GRID = np.linspace(-1.0, 1.0, 101)
 MAX_LINEAR_GRID = 300      # frequency grid: points of its linear part (steps of a quarter s.d.)
 GEOMETRIC_GRID = 150       # … and of its geometric part from 1/n (resolves tiny frequencies)
 ROW_CELLS = 4_000_000      # keys x grid cells per block of a likelihood (32 MB of float64)
-MAX_FIT_KEYS = 20_000      # keys a prior is fitted to (fit_sample): all of a smaller domain
-TOP_FIT_KEYS = 2_000       # … of a larger one, these largest raw estimates and a weighted sample of the rest
 MIN_KEYS = 10              # fewer estimated keys: too few to fit a prior to, the estimates stay as they are
 CARRIER_MIN_CV = 0.1       # the frequency prior's carrier: coefficient of variation at least this (never a point mass)
 
@@ -110,19 +108,24 @@ class PostProcess:
 
     @classmethod
     def parse(cls, text: str) -> PostProcess:
-        """``raw``, ``norm-sub``, ``shrink``, ``eb+shrink``, ``norm-sub+shrink``, …"""
+        """``raw``, ``norm-sub``, ``shrink``, ``eb+shrink``, ``norm-sub+shrink``, ``auto``, …"""
+        if str(text).strip().lower() == AUTO:
+            return cls(AUTO, AUTO)
         parts = [p.strip() for p in str(text).lower().split("+") if p.strip()]
         if not parts or len(parts) > 2 or len(set(parts)) != len(parts):
             raise ValueError(f"a post-processing is FREQ[+shrink] (FREQ one of {', '.join(FREQUENCY_METHODS)}), "
                              f"got {text!r}")
         freq = [p for p in parts if p != SHRINK]
-        if len(freq) > 1 or (freq and freq[0] not in FREQUENCY_METHODS) or (RAW in parts and len(parts) > 1):
+        if len(freq) > 1 or (freq and freq[0] not in FREQUENCY_METHODS) or (RAW in parts and len(parts) > 1) \
+                or AUTO in parts:
             raise ValueError(f"a post-processing is FREQ[+shrink] (FREQ one of {', '.join(FREQUENCY_METHODS)}), "
                              f"got {text!r}")
         return cls(freq[0] if freq else RAW, SHRINK if SHRINK in parts else RAW)
 
     @property
     def name(self) -> str:
+        if (self.frequency, self.mean) == (AUTO, AUTO):
+            return AUTO
         if self.mean == RAW:
             return self.frequency
         return SHRINK if self.frequency == RAW else f"{self.frequency}+{self.mean}"
@@ -135,8 +138,8 @@ class PostProcess:
         return self.name
 
 
-DEFAULT = PostProcess(EB, SHRINK)
-CHOICES = (RAW, NORM_SUB, PROJECT, BASE_CUT, EB, SHRINK, f"{NORM_SUB}+{SHRINK}", f"{PROJECT}+{SHRINK}",
+DEFAULT = PostProcess(AUTO, AUTO)
+CHOICES = (AUTO, RAW, NORM_SUB, PROJECT, BASE_CUT, EB, SHRINK, f"{NORM_SUB}+{SHRINK}", f"{PROJECT}+{SHRINK}",
            f"{BASE_CUT}+{SHRINK}", f"{EB}+{SHRINK}")
 
 
@@ -164,7 +167,8 @@ def postprocess_all(est: Estimates, specs, level: float = LEVEL) -> list[Estimat
 def _apply(est: Estimates, spec: PostProcess, fit: _Fit) -> Estimates:
     estimated = fit.ok
     frequency = fit.frequency(spec.frequency)
-    mean, mean_status = (fit.shrunk_mean() if spec.mean == SHRINK else (est.mean, est.mean_status.copy()))
+    mean, mean_status = (fit.shrunk_mean(spec.mean == AUTO) if spec.mean != RAW
+                         else (est.mean, est.mean_status.copy()))
     f_lo, f_hi = fit.frequency_intervals()
     m_lo, m_hi = fit.mean_intervals()
     mean_status = np.asarray(mean_status, dtype=object).copy()
@@ -198,6 +202,7 @@ class _Fit:
     def __init__(self, est: Estimates, model: CountModel | None, estimated: np.ndarray, level: float):
         self.est, self.model, self.ok, self.level = est, model, estimated, level
         self._grid = self._prior = self._f_mean = self._means = self._f_int = None
+        self.frequency_choice = self.mean_choice = self._draws = None
 
     # -- frequencies ------------------------------------------------------------
     def raw(self) -> np.ndarray:
@@ -236,6 +241,11 @@ class _Fit:
         elif eb.sum() >= MIN_KEYS:
             if method == BASE_CUT:
                 out[eb] = consistency.base_cut(x[eb], self.sd_at_zero()[eb])
+            elif method == AUTO:
+                se = np.asarray(self.est.frequency_se, dtype=np.float64)[eb]
+                out[eb], self.frequency_choice = risk.choose_limit(
+                    x[eb], se ** 2, self.frequency_posterior_mean(), self.frequency_posterior_var(), 0.0, 1.0,
+                    risk.fit_top_keys(self, np.flatnonzero(eb)), clipped=out[eb], total=risk.fit_total(self, out, eb))
             else:
                 out[eb] = self.frequency_posterior_mean()
         return out
@@ -302,13 +312,21 @@ class _Fit:
 
     def frequency_posterior_mean(self) -> np.ndarray:
         """Posterior mean of the frequency of each key of ``eb`` under the fitted prior."""
+        return self._frequency_moments()[0]
+
+    def frequency_posterior_var(self) -> np.ndarray:
+        """… and its posterior variance."""
+        return self._frequency_moments()[1]
+
+    def _frequency_moments(self):
         if self._f_mean is None:
             grid = self.frequency_grid()
             rep, inverse = self.distinct(np.flatnonzero(self.eb))
-            out = np.empty(len(rep))
+            out = np.empty((2, len(rep)))
             for part in self._blocks(len(rep), len(grid)):
-                out[part] = self.frequency_weights(rep[part]) @ grid
-            self._f_mean = out[inverse]
+                out[:, part] = (self.frequency_weights(rep[part]) @ np.stack([grid, grid ** 2], axis=1)).T
+            mean = out[0][inverse]
+            self._f_mean = mean, np.maximum(out[1][inverse] - mean ** 2, 0.0)
         return self._f_mean
 
     def mean_constraint(self, grid: np.ndarray) -> empirical_bayes.MeanConstraint | None:
@@ -369,7 +387,7 @@ class _Fit:
             log_w = np.log(self.frequency_weights(index)[:, live])
         out = self.model.split_loglik(index, grid[live], MEAN_GRID)
         out += log_w[:, :, None]            # in place: a fresh array, and x + y == y + x bit for bit
-        return _logsumexp(out, axis=1, overwrite=True)
+        return empirical_bayes.logsumexp(out, axis=1, overwrite=True)
 
     def _mean_blocks(self, index: np.ndarray):
         """``mean_loglik`` of the keys ``index`` in blocks of ``ROW_CELLS`` cells."""
@@ -390,86 +408,72 @@ class _Fit:
             hyper = empirical_bayes.normal_hyperposterior(
                 self._mean_blocks(rep), MEAN_GRID, key_weights=np.bincount(inverse, weights, minlength=len(rep)))
             rep, inverse = self.distinct(index, split=True)
-            post, lo, hi = np.empty(len(rep)), np.empty(len(rep)), np.empty(len(rep))
+            post, lo, hi = np.empty((2, len(rep))), np.empty(len(rep)), np.empty(len(rep))
             done = 0
             for block in self._mean_blocks(rep):
                 part = slice(done, done + len(block))
-                post[part] = empirical_bayes.hierarchical_weights(block, hyper) @ MEAN_GRID
+                post[:, part] = (empirical_bayes.hierarchical_weights(block, hyper)
+                                 @ np.stack([MEAN_GRID, MEAN_GRID ** 2], axis=1)).T
                 lo[part], hi[part] = grid_intervals(block, MEAN_GRID, self.level)
                 done += len(block)
-            self._means = post[inverse], lo[inverse], hi[inverse]
+            mean = post[0][inverse]
+            self._means = mean, lo[inverse], hi[inverse], np.maximum(post[1][inverse] - mean ** 2, 0.0)
         return self._means
 
-    def shrunk_mean(self):
-        """``(mean, mean_status)`` after shrinkage."""
+    def shrunk_mean(self, by_risk: bool = False):
+        """``(mean, mean_status)`` after shrinkage; ``by_risk``: each key group
+        shrunk as far as its SURE says (``risk.py``) where the paper's mean
+        is unbiased, else (biased, or no raw mean) shrunk."""
         est = self.est
         status = est.mean_status.copy()
         if self.model is None:
-            return self._shrunk_without_model(status)
+            return self._shrunk_without_model(status, by_risk)
         shrinkable = self.ok & np.isin(status, (STATUS_OK, STATUS_FREQUENCY_NOT_POSITIVE, STATUS_BIASED))
-        mean = np.full(est.d, np.nan)
-        mean[self.ok] = self.mean_outputs()[0]
+        mean, var = np.full(est.d, np.nan), np.full(est.d, np.nan)
+        outputs = self.mean_outputs()
+        mean[self.ok], var[self.ok] = outputs[0], outputs[3]
+        if by_risk:
+            mean = self._risk_chosen_mean(mean, var, shrinkable & (status == STATUS_OK))
         mean = np.where(shrinkable, mean, est.mean)
         status[shrinkable] = STATUS_OK
         return mean, status
 
-    def _shrunk_without_model(self, status):
+    def _risk_chosen_mean(self, post_mean, post_var, unbiased):
+        """``post_mean`` moved towards the paper's mean by the limit
+        ``risk.choose_limit`` picks, where the paper's mean is unbiased and
+        its s.e. below ``risk.INFORMATIVE_SE`` (a larger one spans [-1, 1]:
+        the key's reports do not bound its mean, the normal model behind
+        SURE means nothing there, and the posterior mean is kept)."""
+        est, out = self.est, np.array(post_mean)
+        se_all = np.asarray(est.mean_se, dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            informative = se_all < risk.INFORMATIVE_SE
+        keys = np.flatnonzero(unbiased & np.isfinite(est.mean_raw) & informative)
+        if len(keys) >= MIN_KEYS:
+            se = np.asarray(est.mean_se, dtype=np.float64)[keys]
+            drawn = self.eb.sum() >= MIN_KEYS
+            top = risk.fit_top_keys(self, keys, post_mean[keys], post_var[keys]) if drawn else None
+            out[keys], self.mean_choice = risk.choose_limit(
+                est.mean_raw[keys], se ** 2, post_mean[keys], post_var[keys], -1.0, 1.0, top, clipped=est.mean[keys])
+        return out
+
+    def _shrunk_without_model(self, status, by_risk: bool = False):
         est = self.est
         unbiased = self.ok & (status == STATUS_OK) & np.isfinite(est.mean) & np.isfinite(est.mean_se)
         if unbiased.sum() < MIN_KEYS:
             return est.mean, status
         var = np.minimum(np.asarray(est.mean_se, dtype=np.float64) ** 2, 1.0 / 3.0)
         post = empirical_bayes.normal_shrinkage(np.where(unbiased, est.mean, np.nan), np.where(unbiased, var, np.nan))
-        return np.where(unbiased, np.clip(post.mean, -1.0, 1.0), est.mean), status
+        shrunk = np.clip(post.mean, -1.0, 1.0)
+        if by_risk:
+            shrunk = self._risk_chosen_mean(shrunk, post.var, unbiased)
+        return np.where(unbiased, shrunk, est.mean), status
 
     def mean_intervals(self):
         est = self.est
         if self.model is None:
             return wald_intervals(est.mean_raw, est.mean_se, -1.0, 1.0, self.level)
-        _, lo_ok, hi_ok = self.mean_outputs()
+        _, lo_ok, hi_ok, _ = self.mean_outputs()
         lo, hi = np.full(est.d, np.nan), np.full(est.d, np.nan)
         lo[self.ok], hi[self.ok] = lo_ok, hi_ok
         return lo, hi
-
-
-def fit_sample(x: np.ndarray, max_keys: int | None = None, top: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The keys a prior is fitted to, as indices into ``x`` (their raw
-    estimates), and each one's weight: every key when there are at most
-    ``max_keys`` (``MAX_FIT_KEYS``); else the ``top`` (``TOP_FIT_KEYS``)
-    largest, weight 1 -- the few large keys a sparse domain's prior must not
-    lose -- and a systematic sample of the rest in the order of their
-    estimates, each standing for ``rest / sampled`` keys (a stratified
-    sample across the estimates' distribution; deterministic, so a rerun
-    gives the same estimates). The weighted log-likelihood estimates the
-    full one without bias, and ``MAX_FIT_KEYS`` keys pin a prior down far
-    more precisely than any one key's reports do."""
-    max_keys = MAX_FIT_KEYS if max_keys is None else int(max_keys)
-    top = TOP_FIT_KEYS if top is None else int(top)
-    count = len(x)
-    if count <= max_keys:
-        return np.arange(count), np.ones(count)
-    order = np.argsort(-np.asarray(x, dtype=np.float64), kind="stable")
-    head, rest = order[:top], order[top:]
-    sampled = max_keys - top
-    pick = rest[np.round(np.linspace(0, len(rest) - 1, sampled)).astype(np.int64)]
-    keys = np.concatenate([head, pick])
-    weights = np.concatenate([np.ones(top), np.full(sampled, len(rest) / sampled)])
-    return keys, weights
-
-
-def _logsumexp(a: np.ndarray, axis: int, overwrite: bool = False) -> np.ndarray:
-    """``log sum exp`` along ``axis`` (rows of ``-inf`` give ``-inf``);
-    ``overwrite``: ``a`` is a scratch array the exponentials may take (the
-    same values, without two temporaries of its size). Not
-    ``scipy.special.logsumexp``: scipy 1.17's does extra accuracy work that
-    made it 1.9x slower on ``mean_loglik``'s blocks, the post-processing's
-    hot path, for differences of 1e-14."""
-    top = np.max(a, axis=axis, keepdims=True)
-    top = np.where(np.isfinite(top), top, 0.0)
-    if overwrite:
-        shifted = np.subtract(a, top, out=a)
-        np.exp(shifted, out=shifted)
-    else:
-        shifted = np.exp(a - top)
-    with np.errstate(divide="ignore"):
-        return np.squeeze(top, axis=axis) + np.log(np.sum(shifted, axis=axis))

@@ -28,6 +28,7 @@ bit of 1), even where the published mean is null (frequency <= 0).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 
 import numpy as np
@@ -40,6 +41,7 @@ from kvldp.mechanisms.base import (
     validated_domain,
     with_statuses,
 )
+from kvldp.mechanisms.estimation.countmodel import CountModel
 from kvldp.mechanisms.kv.privkv import (
     FAKE_UNIFORM,
     lpp_accumulate,
@@ -64,6 +66,10 @@ def expected_mean_recursion(m: np.ndarray, f: np.ndarray, key_p: list[float], m_
         theta = (f * p - f - p + 1.0) / (2.0 * f * p - f - p + 1.0)
         out = theta * out + (1.0 - theta) * m
     return out
+
+
+def _raw_frequency(stack: np.ndarray, p1: float) -> np.ndarray:
+    return lpp_frequency(stack, p1)[0]
 
 
 class _LPPRounds(Protocol):
@@ -133,11 +139,65 @@ class _LPPRounds(Protocol):
             m_status = np.where((f_status == STATUS_NO_REPORTS) | (M == 0), STATUS_NO_REPORTS, STATUS_OK)
         with np.errstate(invalid="ignore"):
             not_positive = ~(f_raw > 0)
+        model = self.round_model(r, state, stack)
+        if r > 0:        # a later round adds to round 1's model; without it (no estimates carried) there is none
+            first = state.estimates.count_model if state.estimates is not None else None
+            model = first.with_round(model) if first is not None else None
         est = with_statuses(f, paper, f_raw, m_raw, f_se, np.full(self.d, np.nan), n_reports=n_reports,
                             mechanism=self.name, epsilon=self.epsilon, no_reports=M == 0 if r == 0 else None,
                             mean_not_estimable=not_positive, mean_biased=True,
-                            frequency_status=f_status, mean_status=m_status)
+                            frequency_status=f_status, mean_status=m_status, count_model=model)
         return est, paper
+
+    def round_counts(self, est) -> np.ndarray | None:
+        """``(3 + 4 (rounds - 1), d)``: the counts behind ``est``'s model of
+        the rounds (``round_model``), for the broadcast file
+        (``broadcast.avsc``'s ``round_counts``): round 1's three counts, then
+        per later round its fake value (the broadcast it was built from) and
+        its three counts."""
+        model = est.count_model
+        if model is None:
+            return None
+        parts = [model.counts]
+        for later in model.later_rounds:
+            parts += [np.asarray(later.fake, dtype=np.float64)[None, :], later.counts]
+        return np.concatenate(parts, axis=0)
+
+    def model_from_round_counts(self, chain: np.ndarray) -> CountModel:
+        """Inverse of :meth:`round_counts`."""
+        chain = np.asarray(chain, dtype=np.float64)
+        if chain.shape[0] < 3 or (chain.shape[0] - 3) % 4 or chain.shape[0] > 3 + 4 * (self.max_rounds - 1) \
+                or chain.shape[1] != self.d or not np.all(np.isfinite(chain)):
+            raise ValueError(f"broadcast: round_counts of {chain.shape[0]} values per key is not 3 + 4 per "
+                             f"later round of {self.name} (at most {self.max_rounds} rounds)")
+        if np.any(chain[:3] < 0) or np.any(np.abs(chain[3::4]) > 1) or \
+                any(np.any(chain[r + 1:r + 4] < 0) for r in range(3, chain.shape[0], 4)):
+            raise ValueError("broadcast: round_counts holds a negative count or a fake value outside [-1, 1]")
+        model = self._model(0, self.initial_fake(), chain[:3])
+        for i, r in enumerate(range(3, chain.shape[0], 4), start=1):
+            model = model.with_round(self._model(i, chain[r], chain[r + 1:r + 4]))
+        return model
+
+    def round_model(self, r: int, state: ProtocolState, stack: np.ndarray) -> CountModel:
+        return self._model(r, self.fake(r, state), stack)
+
+    def _model(self, r: int, fake, stack: np.ndarray) -> CountModel:
+        """Round ``r``'s LPP count model (``privkv._LPPMechanism.count_model``)
+        with this round's ``(p1, p2)`` and fake values: round 1's initial
+        (uniform, or 1), later rounds' the broadcast mean of each key (after
+        ``Disc``, ``+1`` w.p. ``(1 + m~)/2``). Chained by ``with_round``, the
+        rounds' value counts give the means a likelihood that models the
+        bias Theorem 5.3 describes, so post-processing corrects it."""
+        p1, p2 = self.p1(r), self.p2(r)
+        up = np.full(self.d, 0.5) if isinstance(fake, str) else (1.0 + np.asarray(fake, dtype=np.float64)) / 2.0
+        fake_plus = up * p2 + (1.0 - up) * (1.0 - p2)
+        return CountModel(stack, [p1 * p2, p1 * (1 - p2), 1 - p1], [p1 * (1 - p2), p1 * p2, 1 - p1],
+                          np.stack([(1 - p1) * fake_plus, (1 - p1) * (1 - fake_plus), np.full(self.d, p1)]),
+                          functools.partial(_raw_frequency, p1=p1), functools.partial(privkv_mean, p2=p2, clip=False),
+                          present=(0, 1), plus=0,
+                          # a later round's total is never read (its key bits may be fair coins: no estimator)
+                          total=None if r == 0 else 0.0, total_variance=None if r == 0 else 0.0,
+                          fake=None if isinstance(fake, str) else np.array(fake, dtype=np.float64))
 
 
 @dataclasses.dataclass(frozen=True)
