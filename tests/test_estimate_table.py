@@ -168,7 +168,7 @@ def _reference_records(est, names, true_f=None, true_m=None, rating_range=None) 
             "mean_rating": opt(rating[0]), "mean_rating_se": opt(rating[1]),
             "frequency_status": str(est.frequency_status[k]), "mean_status": str(est.mean_status[k]),
             "postprocess": est.postprocess or "raw", "n_reports": int(est.n_reports), "mechanism": est.mechanism,
-            "epsilon": float(est.epsilon),
+            "epsilon": float(est.epsilon), "padding": est.padding, "kept_share": float(est.kept_share),
             "true_frequency": None if true_f is None else opt(true_f[k]),
             "true_mean": None if true_m is None else opt(true_m[k])})
     return out

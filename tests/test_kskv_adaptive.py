@@ -12,7 +12,8 @@ from kskv_helpers import group_sizes, olh_written_out
 from kvldp.datasets import InMemoryDataset
 from kvldp.mechanisms.base import UserBatch
 from kvldp.mechanisms.estimation.truth import truth_from_counts
-from kvldp.mechanisms.kv.kskv import KSAdap, norm_sub
+from kvldp.mechanisms.kv.ksadap import KSAdap
+from kvldp.mechanisms.kv.kskv import norm_sub
 from kvldp.mechanisms.local import run_local
 from tolerances import Z, z_scores
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from kskv_helpers import formula7, ks_ue_p_a
-from kvldp.mechanisms.kv.kskv import KSGRR, KSUE, KSAdap, grr_p, grr_pairs, grr_q, sample_one_pair
+from kvldp.mechanisms.kv.ksadap import KSAdap
+from kvldp.mechanisms.kv.kskv import KSGRR, KSUE, grr_p, grr_pairs, grr_q, sample_one_pair
 from kvldp.mechanisms.privacy.randomness import batch_rng
 from kvldp.mechanisms.protocol import ProtocolState
 from ldp_audit import all_users

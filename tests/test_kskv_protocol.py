@@ -8,7 +8,8 @@ import pytest
 
 from kvldp.mechanisms import registry
 from kvldp.mechanisms.base import UserBatch
-from kvldp.mechanisms.kv.kskv import KSGRR, KSUE, KSAdap
+from kvldp.mechanisms.kv.ksadap import KSAdap
+from kvldp.mechanisms.kv.kskv import KSGRR, KSUE
 from kvldp.mechanisms.privacy.accountant import Accountant
 from kvldp.mechanisms.protocol import Collection, assign_groups
 from tolerances import Z_FEW, binomial_sigma

@@ -57,8 +57,9 @@ def test_options_round_trip_through_flags(name):
 def test_one_option_name_means_one_thing():
     found = flags.mechanism_flags()
     assert {"padding", "clip", "rounds", "t", "a0", "max_rounds", "default_value", "ioh_keys", "top",
-            "group_split", "group_shares", "coverage", "key_share"} == set(found)
+            "group_split", "group_shares", "coverage", "key_share", "kept_share"} == set(found)
     assert sorted(m for m, _ in found["padding"].takers) == ["ks-ue", "pckv-grr", "pckv-ue"]
+    assert sorted(m for m, _ in found["kept_share"].takers) == ["ks-grr", "ks-ue", "pckv-grr", "pckv-ue"]
 
 
 @pytest.mark.parametrize("name, option_name, value, says", [

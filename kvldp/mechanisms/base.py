@@ -308,8 +308,11 @@ STATUS_BIASED = "biased"               # mean only: estimate given (biased), s.e
 # post-processed output only: estimate given, interval null -- the key's reports do not
 # bound its value more tightly than its whole range (a printed interval would be vacuous)
 STATUS_UNINFORMATIVE = "uninformative"
+# post-processed output only, frequency: estimate, s.e. and interval given, divided by the share of
+# the pairs' mass that padding-and-sampling kept (``Estimates.kept_share``, truncation.py)
+STATUS_TRUNCATED = "truncated"
 STATUSES = (STATUS_OK, STATUS_NO_REPORTS, STATUS_FREQUENCY_NOT_POSITIVE, STATUS_NOT_CANDIDATE,
-            STATUS_LATER_ROUND, STATUS_BIASED, STATUS_UNINFORMATIVE)
+            STATUS_LATER_ROUND, STATUS_BIASED, STATUS_UNINFORMATIVE, STATUS_TRUNCATED)
 
 
 def owners_of(offsets: np.ndarray) -> np.ndarray:
@@ -374,6 +377,13 @@ class Estimates:
     ``count_model``: the mechanism's model of the counts behind the
     estimates (``countmodel.py``), what post-processing needs; None for the
     mechanisms without one (multi-round protocols, IOH).
+
+    ``padding``/``kept_share``: a mechanism that samples one pair per user
+    (padding-and-sampling at ``l = padding``; KS-GRR's one pair, ``l = 1``)
+    reports a share ``kept_share`` of the pairs' frequency mass when users
+    hold more than ``l`` pairs; the arrays here are the paper's estimates of
+    that kept mass, and ``postprocess`` divides the frequencies by it as
+    its last step (``truncation.py``; frequency status ``truncated``).
     """
 
     frequency: np.ndarray
@@ -393,8 +403,12 @@ class Estimates:
     mean_lo: np.ndarray | None = None
     mean_hi: np.ndarray | None = None
     postprocess: str | None = None
+    padding: int | None = None
+    kept_share: float = 1.0
 
     def __post_init__(self):
+        if not 0 < self.kept_share <= 1:
+            raise ValueError(f"kept_share must be in (0, 1], got {self.kept_share}")
         for name in ("frequency_status", "mean_status"):
             value = getattr(self, name)
             if value is None:
@@ -416,7 +430,8 @@ def null_where(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 def with_statuses(frequency, mean, frequency_raw, mean_raw, frequency_se, mean_se, *, n_reports, mechanism,
                   epsilon, no_reports=None, mean_not_estimable=None, mean_biased: bool = False,
-                  frequency_status=None, mean_status=None, count_model: CountModel | None = None) -> Estimates:
+                  frequency_status=None, mean_status=None, count_model: CountModel | None = None,
+                  padding: int | None = None, kept_share: float = 1.0) -> Estimates:
     """An ``Estimates`` with the nulls and statuses of the common cases.
 
     ``no_reports``: keys no report carried (frequency and mean null);
@@ -425,7 +440,8 @@ def with_statuses(frequency, mean, frequency_raw, mean_raw, frequency_se, mean_s
     null everywhere). ``frequency_status``/``mean_status``: statuses set
     before (kept where not ``ok``), e.g. ``not_candidate``. ``count_model``:
     the mechanism's model of the counts behind the estimates, for
-    post-processing (``countmodel.py``)."""
+    post-processing (``countmodel.py``). ``padding``/``kept_share``: the
+    sampling's ``l`` and the share of the pairs' mass it kept (``Estimates``)."""
     d = len(frequency)
     fs = status_array(d) if frequency_status is None else np.array(frequency_status, dtype=object)
     ms = status_array(d) if mean_status is None else np.array(mean_status, dtype=object)
@@ -446,7 +462,7 @@ def with_statuses(frequency, mean, frequency_raw, mean_raw, frequency_se, mean_s
         frequency_raw=np.asarray(frequency_raw, dtype=np.float64), mean_raw=np.asarray(mean_raw, dtype=np.float64),
         frequency_se=null_where(frequency_se, f_null), mean_se=null_where(mean_se, se_m_null),
         n_reports=int(n_reports), mechanism=mechanism, epsilon=float(epsilon),
-        frequency_status=fs, mean_status=ms, count_model=count_model)
+        frequency_status=fs, mean_status=ms, count_model=count_model, padding=padding, kept_share=float(kept_share))
 
 
 MAX_EPSILON = 30.0

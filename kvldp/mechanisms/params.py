@@ -150,6 +150,27 @@ def padding_option(default: int = 1):
                   parse=whole_or_auto, metavar="L")
 
 
+def kept_share_option():
+    return option(1.0, "the share of the pairs' frequency mass that sampling one pair per user keeps, "
+                  "sum min(|S|, l) / sum |S| over the users' set sizes; the collector divides the frequencies by "
+                  "it (status 'truncated'). Set by the ingest side from the data's set sizes (a public parameter "
+                  "outside the epsilon guarantee, like --padding auto) and read from the reports by collect; "
+                  "1 (the default): no correction", low=0.0, high=1.0, low_open=True, parse=float)
+
+
+def checked_kept_share(value) -> float:
+    value = float(value)
+    if not 0 < value <= 1:
+        raise ValueError(f"kept_share must be in (0, 1], got {value}")
+    return value
+
+
+def kept_share_config(value: float) -> dict:
+    """The reports' configuration entry: none at 1, so that reports written
+    before the correction existed still match a collector without it."""
+    return {} if value >= 1 else {"kept_share": float(value)}
+
+
 def top_option(default: int = 20):
     return option(default, "t: the candidates are the top 2t keys of round 1; also the top-t set of the "
                   "accuracy summary (default 50)", low=1, whole=True, parse=int, metavar="T")

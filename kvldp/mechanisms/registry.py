@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvldp.mechanisms.kv.ioh import ioh_factory
-from kvldp.mechanisms.kv.kskv import KSGRR, KSUE, KSAdap
+from kvldp.mechanisms.kv.ksadap import KSAdap
+from kvldp.mechanisms.kv.kskv import KSGRR, KSUE
 from kvldp.mechanisms.kv.pckv import PCKVGRR, PCKVUE
 from kvldp.mechanisms.kv.privkv import PrivKV, PrivKVA, PrivKVMVirtual
 from kvldp.mechanisms.kv.privkvm import PrivKVM, PrivKVMPlus

@@ -262,7 +262,7 @@ def run_numpy(config: SimulateConfig, beam_args, methods=None) -> dict:
         raise ValueError("--engine numpy runs built-in datasets only (synthetic-*, clothing, movielens-100k)")
     ioh_keys = mechanism_config.resolve_ioh_keys(config.mechanism, data, beam_args, dataset.key_names, dataset, None)
     padding = resolve_padding(config.mechanism, data, beam_args, dataset, None, out=io.StringIO())  # 'auto' -> l
-    mechanism = config.mechanism.make(dataset.d, dataset, ioh_keys, padding=padding.l)
+    mechanism = config.mechanism.make(dataset.d, dataset, ioh_keys, padding=padding.l, kept_share=padding.kept_share)
     result = run_local(mechanism, dataset, seeds.perturb, data.sized_for(mechanism, dataset.d).sized_batch)
     methods = tuple(dict.fromkeys(methods or (config.postprocess,)))
     by_method = {method: to_records(est, dataset.key_names, result.truth, keys=mechanism.estimate_keys,

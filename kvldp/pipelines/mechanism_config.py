@@ -95,32 +95,37 @@ class MechanismConfig:
         ioh = "ioh_keys" in keep
         return MechanismConfig(name, epsilon, options, self.ioh_keys if ioh else None, self.ioh_top if ioh else None)
 
-    def typed(self, ioh_keys: Sequence[int] | None = None, padding: int | None = None):
+    def typed(self, ioh_keys: Sequence[int] | None = None, padding: int | None = None,
+              kept_share: float | None = None):
         """The typed options of the mechanism.
 
         ``ioh_keys``: IOH's chosen keys as dictionary indices;
         ``padding``: the resolved padding length, overriding ``--padding``
         (``pipelines.padding.resolve_padding`` turns ``auto`` into a number
         on the ingest side; a job that has not resolved ``auto`` gets a clear
-        error). Every other option given that the mechanism does not declare
-        is an error."""
+        error); ``kept_share``: the share of the pairs' mass the sampling
+        keeps, measured by the ingest side or read from the reports, unless
+        ``--kept-share`` gives it. Every other option given that the
+        mechanism does not declare is an error."""
         declared = self.declared
         given = {k: v for k, v in self.options.items() if k in declared or k not in JOB_ROLES}
         given["ioh_keys"] = ioh_keys
         if padding is not None:
             given["padding"] = padding
+        if kept_share is not None and "kept_share" in declared and given.get("kept_share") is None:
+            given["kept_share"] = kept_share
         if given.get("padding") == AUTO and "padding" in declared:
             raise ValueError("--padding auto is chosen from the raw data by the ingest side (simulate, perturb); "
                              "this job cannot see the data: give l explicitly (collect: the reports' padding)")
         return registry.options(self.name, **given)
 
     def make(self, d: int, dataset: Dataset | None = None, ioh_keys: Sequence[int] | None = None,
-             padding: int | None = None):
+             padding: int | None = None, kept_share: float | None = None):
         """The registered mechanism with its typed options (the dataset's
-        padding by default)."""
+        padding by default; ``kept_share``: see ``typed``)."""
         if padding is None and self.get("padding") is None and self.takes("padding"):
             padding = dataset.default_padding if dataset is not None else 1
-        base = registry.make(self.name, d, self.epsilon, self.typed(ioh_keys, padding))
+        base = registry.make(self.name, d, self.epsilon, self.typed(ioh_keys, padding, kept_share))
         if self.longitudinal is None:
             return base
         return longitudinal(base, self.longitudinal.eps_1, second_layer=self.longitudinal.second_layer)

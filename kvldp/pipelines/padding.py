@@ -55,6 +55,7 @@ from kvldp.mechanisms.frequency.padding import (
     PaddingCheck,
     check_padding,
     choose_padding,
+    kept_share,
     merge_histograms,
     size_histogram,
 )
@@ -145,6 +146,7 @@ class PaddingPlan:
     pending: str | None = None          # scratch .npy of the main job's histogram
     check: PaddingCheck | None = None
     warning: str | None = None
+    kept_share: float | None = None     # written into the reports when the sizes are known before the run
 
     def attach(self, users: beam.PCollection, beam_args: Sequence[str]):
         """Measure the set sizes in the main job when they are not known yet."""
@@ -164,9 +166,9 @@ class PaddingPlan:
             self.warning = warn_truncation(self.check)
 
     def summary(self) -> dict | None:
-        if self.l is None:
+        if self.l is None and self.kept_share is None:
             return None
-        out = {"padding": self.l, "auto": self.auto, "coverage": self.coverage}
+        out = {"padding": self.l, "auto": self.auto, "coverage": self.coverage, "kept_share": self.kept_share}
         if self.check is not None:
             out.update(dataclasses.asdict(self.check), warned=self.warning is not None)
         return out
@@ -187,7 +189,7 @@ def resolve_padding(mechanism: MechanismConfig, data: DataConfig, beam_args: Seq
     left for ``mechanism.make`` to reject."""
     out = out or sys.stdout
     if not mechanism.takes("padding"):
-        return PaddingPlan(None)
+        return one_pair_plan(mechanism, data, beam_args, dataset, dictionary, set_sizes, out)
     coverage = DEFAULT_COVERAGE if mechanism.get("coverage") is None else float(mechanism.get("coverage"))
     if not 0 < coverage <= 1:
         raise ValueError(f"--coverage must be in (0, 1], got {coverage}")
@@ -206,7 +208,7 @@ def resolve_padding(mechanism: MechanismConfig, data: DataConfig, beam_args: Seq
               f"the raw data by the ingest side: a public parameter outside the epsilon guarantee (give --padding l "
               f"to fix it instead).", file=out)
         plan.inspect()                   # warns only when the cap keeps l below the coverage
-        return plan
+        return with_kept_share(plan, mechanism, out)
     l = mechanism.get("padding")
     hist = set_sizes
     if hist is None and isinstance(dataset, InMemoryDataset):
@@ -214,7 +216,46 @@ def resolve_padding(mechanism: MechanismConfig, data: DataConfig, beam_args: Seq
     plan = PaddingPlan(int(l), False, coverage, hist)
     if hist is not None:
         plan.inspect()
+    return with_kept_share(plan, mechanism, out)
+
+
+def with_kept_share(plan: PaddingPlan, mechanism: MechanismConfig, out) -> PaddingPlan:
+    """``plan`` with the truncation correction's kept share when the set
+    sizes are known before the run (``--kept-share`` given: as given)."""
+    if plan.histogram is None or not mechanism.takes("kept_share") or mechanism.get("kept_share") is not None:
+        return plan
+    plan.kept_share = kept_share(plan.histogram, plan.l)
+    if plan.kept_share < 1:
+        print(f"padding: l = {plan.l} keeps {plan.kept_share:.2%} of the pairs' frequency mass; the collector divides "
+              f"the frequencies by that share (status 'truncated'), a public parameter from the same set sizes.",
+              file=out)
     return plan
+
+
+def one_pair_plan(mechanism: MechanismConfig, data: DataConfig, beam_args: Sequence[str], dataset: Dataset | None,
+                  dictionary: Sequence[str] | None, set_sizes: np.ndarray | None, out) -> PaddingPlan:
+    """KS-GRR's users report one sampled pair each (padding ``l = 1``
+    without dummies): the share of the mass that keeps, from the set sizes
+    (one pre-pass for a ratings file with a dictionary)."""
+    if not mechanism.takes("kept_share") or mechanism.get("kept_share") is not None:
+        return PaddingPlan(None)
+    hist = set_sizes if set_sizes is not None else data_set_sizes(data, beam_args, dataset, dictionary)
+    plan = PaddingPlan(None, histogram=hist, kept_share=kept_share(hist, 1))
+    if plan.kept_share < 1:
+        print(f"one pair per user: {mechanism.name}'s users report one of their pairs, {plan.kept_share:.2%} of "
+              f"the pairs' frequency mass ({describe_sizes(hist)}); the collector divides the frequencies by "
+              f"that share (status 'truncated'), a public parameter computed from the raw set sizes outside the "
+              f"epsilon guarantee (--kept-share 1 to keep the paper's estimate).", file=out)
+    return plan
+
+
+def kept_share_from_reports(mechanism: MechanismConfig, config: dict) -> float | None:
+    """The collector's kept share: the reports' (``None`` when they name
+    none, or ``--kept-share`` restates it)."""
+    if not mechanism.takes("kept_share") or mechanism.get("kept_share") is not None:
+        return None
+    found = config.get("kept_share")
+    return None if found is None else float(found)
 
 
 def padding_from_reports(mechanism: MechanismConfig, reports: str, config: dict) -> int | None:

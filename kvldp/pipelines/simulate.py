@@ -76,7 +76,7 @@ def execute(config: SimulateConfig, beam_args) -> dict:
         raise ValueError("--query needs an IOH mechanism (ioh-oue, ioh-sue)")
     summary_path, counts_path = output + ".protocol.json", output + ".counts.avro"
     d = len(key_names)
-    mechanism = chosen.make(d, dataset, ioh_keys, padding=padding.l)
+    mechanism = chosen.make(d, dataset, ioh_keys, padding=padding.l, kept_share=padding.kept_share)
     data = data.sized_for(mechanism, d, config.draw_counts)
     # longitudinal: device secrets from the run seed, the collection id as every run without --collection-id
     mechanism = devices.perturbing_side(mechanism, seeds.perturb, Collection.from_seed(seeds.perturb).id)

@@ -27,7 +27,7 @@ from kvldp.pipelines import devices, manifest, mechanism_config, outputs, run_se
 from kvldp.pipelines.devices import LedgerConfig
 from kvldp.pipelines.graphs import collect_graph, ioh_counts_file
 from kvldp.pipelines.mechanism_config import MechanismConfig
-from kvldp.pipelines.padding import padding_from_reports, resolve_padding
+from kvldp.pipelines.padding import kept_share_from_reports, padding_from_reports, resolve_padding
 from kvldp.pipelines.sources import DataConfig
 from kvldp.plots import tables as report
 from kvldp.runtime import jobs as runner
@@ -190,7 +190,7 @@ def run_perturb(config: PerturbConfig, beam_args) -> dict:
     key_names = dataset.key_names if dataset is not None else dictionary
     ioh_keys = mechanism_config.resolve_ioh_keys(chosen, data, beam_args, key_names, dataset, dictionary)
     padding = resolve_padding(chosen, data, beam_args, dataset, dictionary, set_sizes)  # 'auto' -> l; warns
-    mechanism = chosen.make(len(key_names), dataset, ioh_keys, padding=padding.l)
+    mechanism = chosen.make(len(key_names), dataset, ioh_keys, padding=padding.l, kept_share=padding.kept_share)
     data = data.sized_for(mechanism, len(key_names))
     config = dataclasses.replace(config, data=data)
     r = config.round - 1
@@ -371,7 +371,8 @@ def run_collect(config: CollectConfig, beam_args) -> dict:
         ioh_keys = mechanism_config.named_keys(chosen.ioh_keys, names) if chosen.ioh_keys else found.get("ioh_keys")
     # --padding auto: the l the perturbing side chose, read from the reports' config
     padding = padding_from_reports(chosen, config.input, found)
-    mechanism = chosen.make(len(names), ioh_keys=ioh_keys, padding=padding)
+    mechanism = chosen.make(len(names), ioh_keys=ioh_keys, padding=padding,
+                             kept_share=kept_share_from_reports(chosen, found))
     r, previous, expected = collect_start(config, mechanism, names, found)
     p = runner.make_pipeline(beam_args)
     key_names = p | "KeyNames" >> CreateKeyNames(names)

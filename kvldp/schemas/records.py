@@ -58,6 +58,8 @@ def estimate_columns(est: Estimates, key_names: Sequence[str], true_frequency=No
     columns["n_reports"] = [int(est.n_reports)] * d
     columns["mechanism"] = [est.mechanism] * d
     columns["epsilon"] = [float(est.epsilon)] * d
+    columns["padding"] = [None if est.padding is None else int(est.padding)] * d
+    columns["kept_share"] = [float(est.kept_share)] * d
     columns["true_frequency"] = _doubles(true_frequency, d)
     columns["true_mean"] = _doubles(true_mean, d)
     return columns

@@ -70,7 +70,7 @@ from kvldp.mechanisms.base import (
     STATUS_UNINFORMATIVE,
     Estimates,
 )
-from kvldp.mechanisms.estimation import consistency, empirical_bayes, risk
+from kvldp.mechanisms.estimation import consistency, empirical_bayes, risk, truncation
 from kvldp.mechanisms.estimation.countmodel import CountModel
 from kvldp.mechanisms.estimation.empirical_bayes import fit_sample
 from kvldp.mechanisms.estimation.intervals import LEVEL, frequency_intervals, grid_intervals, wald_intervals
@@ -160,8 +160,10 @@ def postprocess_all(est: Estimates, specs, level: float = LEVEL) -> list[Estimat
     model = est.count_model if isinstance(est.count_model, CountModel) and est.count_model.factorises else None
     estimated = est.frequency_status == STATUS_OK
     fit = _Fit(est, model, estimated, level) if estimated.sum() >= MIN_KEYS else None
-    return [_with_wald(est, spec if fit is not None else PostProcess(), level) if spec.is_raw or fit is None
-            else _apply(est, spec, fit) for spec in specs]
+    # the choices are made on the scale of the kept mass (SURE and the posterior losses are equivariant
+    # under the correction's scaling), which is undone last
+    return [truncation.corrected(_with_wald(est, spec if fit is not None else PostProcess(), level)
+                                 if spec.is_raw or fit is None else _apply(est, spec, fit)) for spec in specs]
 
 
 def _apply(est: Estimates, spec: PostProcess, fit: _Fit) -> Estimates:

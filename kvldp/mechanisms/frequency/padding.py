@@ -42,7 +42,7 @@ import numpy as np
 from kvldp.mechanisms.base import UserBatch
 
 DEFAULT_COVERAGE = 0.9
-MAX_PADDING = 16          # as KS-Adap's MAX_ADAPTIVE_PADDING: beyond, dummies drown every pair
+MAX_PADDING = 16          # here and in KS-Adap's choice: beyond, dummies drown every pair
 
 
 def size_histogram(users: UserBatch | np.ndarray) -> np.ndarray:
@@ -101,6 +101,24 @@ def lost_pair_fraction(hist, l: int) -> float:
     s = np.arange(len(h))
     pairs = int((h * s).sum())
     return float((h * np.maximum(s - l, 0)).sum() / pairs) if pairs else 0.0
+
+
+def kept_share(hist, l: int) -> float:
+    """Share of all pairs' frequency mass that padding-and-sampling at ``l``
+    keeps in expectation: ``sum_s h[s] min(s, l) / sum_s h[s] s`` (1 when
+    nobody holds a pair), i.e. ``1 - lost_pair_fraction``.
+
+    The truncation correction (``truncation.py``) divides frequencies by it:
+    exact when every holder of a key holds as many pairs as the average
+    pair's holder (e.g. all users ``s`` pairs: ``E[f_hat] = f l/s``); a key
+    held mostly by heavy users stays under-counted, one held by light users
+    over-counted."""
+    h, l = np.asarray(hist, dtype=np.float64), _checked_l(l)     # counts, or estimated shares (KS-Adap)
+    if h.ndim != 1 or len(h) < 1 or (h < 0).any():
+        raise ValueError("a set-size histogram is a non-empty 1-D array of counts >= 0")
+    s = np.arange(len(h))
+    pairs = float((h * s).sum())
+    return float((h * np.minimum(s, l)).sum() / pairs) if pairs > 0 else 1.0
 
 
 def covered_fraction(hist, l: int) -> float:

@@ -21,11 +21,16 @@ SPEC.md §4).
   ``f = ((n+ + n-)/n - 2q)/(p - q)``, ``m = (n+ - n-)/((p - q) f n)``
   (**erratum**: the paper's ``p + q`` is biased).
 * **KS-Adap** (§4.3, multi-pair): three groups (40/10/50 %): OLH top-``2t``
-  candidates; OLH-reported sizes ``|S ∩ TKS|`` (clipped at 16) from which the
-  collector picks the smallest ``l`` whose estimated cumulative share exceeds
-  90 % (the histogram made a distribution by Norm-Sub); group 3 keeps its
-  candidate pairs, pads and samples with ``l`` dummies and perturbs by GRR
-  over ``TKS ∪ {l dummies}`` (**choice**, SPEC.md), frequencies scaled by ``l``.
+  candidates; OLH-reported sizes ``|S ∩ TKS|`` (over ``0 … 2t``: **choice**,
+  the paper clips them at 16) from which the collector picks the smallest
+  ``l <= 16`` whose estimated cumulative share exceeds 90 % (the histogram
+  made a distribution by Norm-Sub) and the share of the candidate pairs'
+  mass that ``l`` keeps (``truncation.py``); group 3 keeps its candidate
+  pairs, pads and samples with ``l`` dummies and perturbs by GRR over
+  ``TKS ∪ {l dummies}`` (**choice**, SPEC.md), frequencies scaled by ``l``
+  and divided by the kept share.
+* KS-GRR's group 2 reports one pair sampled from each user's set: the
+  ingest side's ``kept_share`` (``l = 1``) corrects its frequencies.
 
 Keys outside ``TKS`` are not estimated by the interactive protocols: KS-GRR
 reports group 1's OLH frequency for them (unbiased for single-pair users);
@@ -56,19 +61,26 @@ from kvldp.mechanisms.base import (
 )
 from kvldp.mechanisms.estimation.variance import multinomial_delta_variance
 from kvldp.mechanisms.frequency.oracles import GRR, OLH, OLHReportBatch
-from kvldp.mechanisms.frequency.sampling import discretise, padding_and_sampling, padding_sampling_distribution
+from kvldp.mechanisms.frequency.sampling import discretise
 from kvldp.mechanisms.frequency.symbols import accumulate_symbols
 from kvldp.mechanisms.kv.pckv import CLIP_PAPER, PCKVUE, PCKVParams
-from kvldp.mechanisms.params import Options, floats, option, padding_option, top_option
+from kvldp.mechanisms.params import (
+    Options,
+    checked_kept_share,
+    kept_share_config,
+    kept_share_option,
+    option,
+    padding_option,
+    top_option,
+)
 from kvldp.mechanisms.privacy.accountant import Accountant, Share, check_split
 from kvldp.mechanisms.protocol import Protocol, ProtocolState
-
-MAX_ADAPTIVE_PADDING = 16
 
 
 @dataclasses.dataclass(frozen=True)
 class KSUEOptions(Options):
     padding: int = padding_option()
+    kept_share: float = kept_share_option()
 
 
 class KSUE(PCKVUE):
@@ -77,8 +89,8 @@ class KSUE(PCKVUE):
     name = "ks-ue"
     options_type = KSUEOptions
 
-    def __init__(self, d: int, epsilon: float, padding: int = 1):
-        super().__init__(d, epsilon, padding, CLIP_PAPER)
+    def __init__(self, d: int, epsilon: float, padding: int = 1, kept_share: float = 1.0):
+        super().__init__(d, epsilon, padding, CLIP_PAPER, kept_share)
 
     @staticmethod
     def optimal_params(d: int, epsilon: float, l: int) -> PCKVParams:
@@ -87,7 +99,8 @@ class KSUE(PCKVUE):
         return PCKVParams(a=1 - p, b=a, p=p / (1 - p), d=d, l=l)
 
     def config(self, round_index: int | None = None) -> Mapping:
-        return {"mechanism": self.name, "d": self.d, "epsilon": self.epsilon, "padding": self.l}
+        return {"mechanism": self.name, "d": self.d, "epsilon": self.epsilon, "padding": self.l,
+                **kept_share_config(self.kept_share)}
 
     def _m(self, stack: np.ndarray) -> np.ndarray:
         """``m = l (n+ - n-)/((3p-1) f n)`` on a ``(3, d)`` stack ``[n+, n-, n0]``."""
@@ -115,7 +128,7 @@ class KSUE(PCKVUE):
         var_f, var_m = self.variance(n, f, m)
         return with_statuses(f, m, f_raw, m_raw, np.sqrt(var_f), np.sqrt(var_m), n_reports=n,
                              mechanism=self.name, epsilon=self.epsilon, mean_not_estimable=~(f_raw > 0),
-                             count_model=self.count_model(counts))
+                             count_model=self.count_model(counts), padding=self.l, kept_share=self.kept_share)
 
     def variance(self, n: int, f, m):
         """Exact ``Var f_hat`` (Theorem 4.2 Eq. (9) at ``l = 1``; with padding a
@@ -179,7 +192,7 @@ def grr_q(n_keys: int, epsilon: float) -> float:
 AUDIT_HASHES = ((1, 0), (2, 1), (3, 5), (5, 2), (7, 3), (11, 8), (13, 21), (1_000_003, 17))
 
 
-class _KeyStrategyProtocol(Protocol):
+class KeyStrategyProtocol(Protocol):
     """Shared round 1 (OLH over the keys -> candidates) and the final GRR round."""
 
     def __init__(self, d: int, epsilon: float, top: int, group_shares):
@@ -239,7 +252,8 @@ class _KeyStrategyProtocol(Protocol):
         return ProtocolState(1, rank, False, self.epsilon, est)
 
     # final round: GRR over candidate (+ dummy) pairs
-    def final_estimates(self, state: ProtocolState, counts: np.ndarray, n_keys: int, scale: int) -> Estimates:
+    def final_estimates(self, state: ProtocolState, counts: np.ndarray, n_keys: int, scale: int,
+                        kept_share: float = 1.0) -> Estimates:
         """Calibrate the GRR round: ``f = scale((n+ + n-)/n - 2q)/(p - q)``,
         ``m = scale(n+ - n-)/((p - q) f n)``, written into the candidates' slots.
 
@@ -286,7 +300,8 @@ class _KeyStrategyProtocol(Protocol):
         not_positive = np.zeros(self.d, dtype=bool)
         not_positive[cand] = ~(f_raw[slot] > 0)
         return with_statuses(**out, n_reports=n, mechanism=self.name, epsilon=self.epsilon,
-                             mean_not_estimable=not_positive, frequency_status=f_status, mean_status=m_status)
+                             mean_not_estimable=not_positive, frequency_status=f_status, mean_status=m_status,
+                             padding=scale, kept_share=kept_share)
 
     # -- exact report distributions (privacy audit) ---------------------
     def one_pair_distribution(self, pairs) -> np.ndarray:
@@ -331,17 +346,19 @@ class KSGRROptions(Options):
     top: int = top_option()
     group_split: float = option(0.5, "KS-GRR: the share of users in group 1 (finding the candidates)",
                                 low=0.0, high=1.0, low_open=True, high_open=True, parse=float)
+    kept_share: float = kept_share_option()
 
 
-class KSGRR(_KeyStrategyProtocol):
+class KSGRR(KeyStrategyProtocol):
     """KS-GRR: group 1 finds the top-2t candidates by OLH, group 2 reports its
     pair by GRR over the candidates and ⊥."""
 
     name = "ks-grr"
     options_type = KSGRROptions
 
-    def __init__(self, d: int, epsilon: float, top: int = 20, group_split: float = 0.5):
+    def __init__(self, d: int, epsilon: float, top: int = 20, group_split: float = 0.5, kept_share: float = 1.0):
         super().__init__(d, epsilon, top, (group_split, 1.0 - group_split))
+        self.kept_share = checked_kept_share(kept_share)     # one pair per user: padding l = 1's
 
     def round_counts_size(self, round_index: int) -> int:
         return 1 + (self.d + 1 if round_index == 0 else 2 * (self.n_candidates + 1))
@@ -384,109 +401,8 @@ class KSGRR(_KeyStrategyProtocol):
     def advance(self, round_index, state, counts):
         if round_index == 0:
             return self.olh_state(counts, missing_frequency=False)
-        est = self.final_estimates(state, counts, self.n_candidates + 1, scale=1)
+        est = self.final_estimates(state, counts, self.n_candidates + 1, scale=1, kept_share=self.kept_share)
         return ProtocolState(2, state.broadcast, True, self.epsilon, est)
 
-
-@dataclasses.dataclass(frozen=True)
-class KSAdapOptions(Options):
-    top: int = top_option()
-    group_shares: tuple = option((0.4, 0.1, 0.5), "KS-Adap: the three groups' shares of the users, "
-                                 "comma-separated", low=0.0, high=1.0, low_open=True, high_open=True, parse=floats)
-    coverage: float = option(0.9, "KS-Adap: the chosen l covers this share of candidate holders; padded "
-                             "mechanisms: the share of users --padding auto covers, and the warning threshold",
-                             low=0.0, high=1.0, low_open=True, parse=float)
-
-
-class KSAdap(_KeyStrategyProtocol):
-    """KS-Adap: KS-GRR for multi-pair users with an adaptively chosen padding."""
-
-    name = "ks-adap"
-    options_type = KSAdapOptions
-
-    def __init__(self, d: int, epsilon: float, top: int = 20, group_shares=(0.4, 0.1, 0.5),
-                 coverage: float = 0.9):
-        super().__init__(d, epsilon, top, group_shares)
-        if len(self.group_shares) != 3:
-            raise ValueError("KS-Adap needs three group shares")
-        if not 0 < coverage <= 1:
-            raise ValueError(f"coverage must be in (0, 1], got {coverage}")
-        self.coverage = float(coverage)
-        # sizes |S ∩ TKS| reported by OLH over 0 … max_size (larger ones are
-        # clipped): a padding beyond 16 would drown every pair in dummies
-        self.max_size = min(self.n_candidates, MAX_ADAPTIVE_PADDING)
-        self.sizes_olh = OLH(self.max_size + 1, self.ledger.round_epsilon(1))
-
-    def round_counts_size(self, round_index: int) -> int:
-        if round_index == 0:
-            return 1 + self.d + 1
-        if round_index == 1:
-            return 1 + self.max_size + 1
-        return 1 + 2 * (self.n_candidates + self.max_size)
-
-    def perturb_round(self, round_index, users, rng, state):
-        if round_index == 0:
-            return self.perturb_keys(users, rng)
-        inside = self.candidate_index(users, state) >= 0
-        if round_index == 1:
-            sizes = np.bincount(users.owners[inside], minlength=users.n_users)
-            a, b, y = self.sizes_olh.perturb(np.minimum(sizes, self.max_size), rng)
-            return OLHReportBatch(a, b, y, users.batch_id)
-        l = int(state.get("padding"))
-        mine = UserBatch(np.concatenate([[0], np.cumsum(np.bincount(users.owners[inside],
-                                                                    minlength=users.n_users))]),
-                         self.candidate_index(users, state)[inside], users.values[inside], users.batch_id)
-        key, x = padding_and_sampling(mine, self.n_candidates, l, rng)
-        reports = grr_pairs(key, x, self.n_candidates + l, self.ledger.round_epsilon(round_index), rng)
-        return ReportBatch(reports.offsets, reports.positions, reports.symbols, users.batch_id)
-
-    def accumulate_round(self, round_index, counts, reports):
-        if round_index in (0, 1):
-            oracle = self.olh if round_index == 0 else self.sizes_olh
-            counts[0] += reports.n_reports
-            counts[1:] += oracle.support(reports.a, reports.b, reports.values)
-            return counts
-        return accumulate_symbols(counts, reports, self.n_candidates + self.max_size, (1, -1))
-
-    def output_probabilities(self, pairs, round_index: int = 0, state=None) -> np.ndarray:
-        """Round 1: OLH of one sampled pair's key. Round 2: OLH of the
-        (clipped) number of candidate keys held. Round 3: padding-and-sampling
-        of the candidate pairs with the chosen ``l``, then GRR over the
-        ``n_candidates + l`` keys' pairs."""
-        if round_index == 0:
-            return self.olh_probabilities(self.olh, self.one_pair_distribution(pairs))
-        rank = state.broadcast.astype(np.int64)
-        mine = [(int(rank[k]), v) for k, v in pairs if rank[k] >= 0]
-        if round_index == 1:
-            size = np.zeros(self.max_size + 1)
-            size[min(len(mine), self.max_size)] = 1.0
-            return self.olh_probabilities(self.sizes_olh, size)
-        l = int(state.get("padding"))
-        own = padding_sampling_distribution(mine, self.n_candidates, l).ravel()
-        return self.grr_pair_probabilities(own, self.n_candidates + l, self.ledger.round_epsilon(round_index))
-
-    def choose_padding(self, counts: np.ndarray) -> int:
-        """Smallest ``l >= 1`` whose estimated cumulative share of users with
-        ``|S ∩ TKS| <= l`` exceeds ``coverage`` (SPEC.md §4, users without a
-        candidate key included).
-
-        The OLH size histogram is made a distribution by Norm-Sub (Wang et
-        al. 2020): clipping negatives alone would leave the noise of the many
-        empty large sizes as positive mass and push ``l`` up."""
-        n = max(int(counts[0]), 1)
-        cumulative = np.cumsum(norm_sub(self.sizes_olh.estimate(counts[1:], n) / n))
-        return int(np.clip(np.searchsorted(cumulative, self.coverage, side="right"), 1, self.max_size))
-
-    def advance(self, round_index, state, counts):
-        if round_index == 0:
-            return self.olh_state(counts, missing_frequency=True)
-        if round_index == 1:
-            return ProtocolState(2, state.broadcast, False, self.epsilon, state.estimates,
-                                 (("padding", self.choose_padding(counts)),))
-        l = int(state.get("padding"))
-        est = self.final_estimates(state, counts, self.n_candidates + l, scale=l)
-        return ProtocolState(3, state.broadcast, True, self.epsilon, est, state.extra)
-
     def config(self, round_index=None) -> Mapping:
-        return {**super().config(round_index), "coverage": self.coverage}
-
+        return {**super().config(round_index), **kept_share_config(self.kept_share)}

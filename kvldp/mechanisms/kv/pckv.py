@@ -44,7 +44,14 @@ from kvldp.mechanisms.base import Estimates, ReportBatch, UserBatch, with_status
 from kvldp.mechanisms.estimation.countmodel import CountModel
 from kvldp.mechanisms.frequency.oracles import randomized_response, skip_items
 from kvldp.mechanisms.frequency.sampling import padding_and_sampling, padding_sampling_distribution
-from kvldp.mechanisms.params import Options, option, padding_option
+from kvldp.mechanisms.params import (
+    Options,
+    checked_kept_share,
+    kept_share_config,
+    kept_share_option,
+    option,
+    padding_option,
+)
 from kvldp.mechanisms.privacy.randomness import bernoulli_positions
 from kvldp.mechanisms.protocol import Mechanism
 
@@ -95,6 +102,7 @@ class PCKVOptions(Options):
     """PCKV-UE, PCKV-GRR."""
 
     padding: int = padding_option()
+    kept_share: float = kept_share_option()
     clip: str = option(CLIP_PAPER, "PCKV: clip value counts into [0, N] (Algorithm 4) or [1, N] (the authors' "
                        "MATLAB)", choices=(CLIP_PAPER, CLIP_MATLAB), parse=str)
 
@@ -105,10 +113,11 @@ class _PCKV(Mechanism):
 
     params: PCKVParams
 
-    def __init__(self, d: int, epsilon: float, padding: int = 1, clip: str = CLIP_PAPER):
+    def __init__(self, d: int, epsilon: float, padding: int = 1, clip: str = CLIP_PAPER, kept_share: float = 1.0):
         super().__init__(d, epsilon)
         if int(padding) < 1:
             raise ValueError(f"padding length l must be >= 1, got {padding}")
+        self.kept_share = checked_kept_share(kept_share)
         if clip not in CLIP_MODES:
             raise ValueError(f"clip must be one of {CLIP_MODES}, got {clip!r}")
         self.l = int(padding)
@@ -121,7 +130,7 @@ class _PCKV(Mechanism):
 
     def config(self, round_index: int | None = None) -> Mapping:
         # clip is the collector's choice, not a property of the reports.
-        return {**super().config(), "padding": self.l}
+        return {**super().config(), "padding": self.l, **kept_share_config(self.kept_share)}
 
     @property
     def report_domain(self) -> int:
@@ -174,7 +183,8 @@ class _PCKV(Mechanism):
         var_f, var_m = self.variance(n, f, np.clip(m, -1.0, 1.0))
         return with_statuses(f, np.clip(m, -1.0, 1.0), f_raw, m_raw, np.sqrt(var_f), np.sqrt(var_m),
                              n_reports=n, mechanism=self.name, epsilon=self.epsilon,
-                             mean_not_estimable=~(f_raw > 0), count_model=self.count_model(counts))
+                             mean_not_estimable=~(f_raw > 0), count_model=self.count_model(counts),
+                             padding=self.l, kept_share=self.kept_share)
 
     # -- the count model (post-processing, countmodel.py) ----------------------
     def frequency_of(self, stack: np.ndarray) -> np.ndarray:
