@@ -326,3 +326,34 @@ def test_the_fit_sample_keeps_the_largest_keys_and_stands_for_the_rest():
     small, ones = fit_sample(x[:100], max_keys=5_000)
     np.testing.assert_array_equal(small, np.arange(100))
     assert np.all(ones == 1)
+
+
+def test_a_privkvm_broadcast_round_trips_its_round_counts_and_refuses_malformed_ones():
+    """The rounds' counts travel in broadcast.avsc's ``round_counts``: read
+    back, they give the same count model (the same post-processed means);
+    a key whose list differs in length, a length that is not 3 + 4 per later
+    round, a negative count or a fake value outside [-1, 1] is refused with a
+    'broadcast:' error, not a crash deep in the fit."""
+    import copy
+
+    from kvldp.schemas.records import broadcast_records, state_from_broadcast
+
+    d = 12
+    names = [f"k{k}" for k in range(d)]
+    mech = registry.make("privkvm", d, 4.0)
+    res = run_local(mech, SyntheticDataset("gg", n_users=50_000, d=d, seed=2), SimulationSeed(2))
+    records = broadcast_records(res.state, mech, names)
+    assert {len(r["round_counts"]) for r in records} == {3 + 4 * 2}
+    state, _ = state_from_broadcast(records, names, mech)
+    assert np.allclose(postprocess(state.estimates).mean, postprocess(res.estimates).mean, equal_nan=True)
+
+    def refused(change):
+        bad = copy.deepcopy(records)
+        change(bad)
+        with pytest.raises(ValueError, match=r"^broadcast:"):
+            state_from_broadcast(bad, names, mech)
+
+    refused(lambda rs: rs[3]["round_counts"].pop())                               # one key shorter
+    refused(lambda rs: [r["round_counts"].pop() for r in rs])                      # 10 values: not 3 + 4k
+    refused(lambda rs: rs[0]["round_counts"].__setitem__(1, -5.0))                 # a negative count
+    refused(lambda rs: rs[0]["round_counts"].__setitem__(3, 1.5))                  # a fake value outside [-1, 1]

@@ -76,6 +76,26 @@ def test_an_option_that_loses_the_measured_total_is_refused():
     assert choice.limit == 0.0 or abs(out.sum() - 1.0) <= abs(post_mean.sum() - 1.0)
 
 
+def test_a_limit_that_only_brings_the_clipped_sum_closer_counts_where_none_keeps_it():
+    """1,000 keys of true frequency 0: the paper's clipped output sums to ~4
+    (the noise's positive halves), the total is 0 +- 0.3. Moving each key at
+    most 1 s.e. leaves ~0.8 -- above the total's bounds but closer than the
+    paper's: chosen where it is the only limit (KS-GRR's MODEL_FREE_LIMITS),
+    not where a limit keeps the total within its bounds (the posterior mean,
+    0)."""
+    rng = np.random.default_rng(4)
+    x, var = rng.normal(0.0, 0.01, 1000), np.full(1000, 0.01 ** 2)
+    post_mean, post_var = np.zeros(1000), np.full(1000, 1e-8)
+    total = (0.0, 0.01 * np.sqrt(1000))
+    out, choice = risk.choose_limit(x, var, post_mean, post_var, 0.0, 1.0, total=total, limits=(0.0, 1.0))
+    assert choice.limit == 1.0 and total[0] + 2 * total[1] < out.sum() < choice.sums[0]
+    out, choice = risk.choose_limit(x, var, post_mean, post_var, 0.0, 1.0, total=total, limits=(0.0, 1.0, np.inf))
+    assert choice.limit == np.inf and out.sum() == 0.0
+    # below the total's bounds (a collapse) is never taken
+    out, choice = risk.choose_limit(x, var, post_mean, post_var, 0.0, 1.0, total=(3.0, 0.01), limits=(0.0, 1.0))
+    assert choice.limit == 0.0
+
+
 def test_posterior_draws_follow_each_keys_weights():
     grid = np.array([0.0, 0.1, 0.2, 0.3])
     weights = np.array([[1.0, 0.0, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25], [0.0, 0.0, 0.9, 0.1]])

@@ -137,6 +137,8 @@ def broadcast_records(state, protocol, key_names: Sequence[str]) -> list[dict]:
     est = state.estimates
     cfg = json.dumps(config, sort_keys=True)
     chain = protocol.round_counts(est) if hasattr(protocol, "round_counts") else None
+    # one list of Python floats per key, converted at once (not per key)
+    per_key = None if chain is None else np.asarray(chain, dtype=np.float64).T.tolist()
     out = []
     for k, (rec, m_next) in enumerate(zip(estimate_records(est, key_names), state.broadcast, strict=True)):
         out.append({"round": int(state.rounds_done), "key": rec["key"],
@@ -146,7 +148,7 @@ def broadcast_records(state, protocol, key_names: Sequence[str]) -> list[dict]:
                     "collection": "" if state.collection is None else state.collection.to_json(),
                     **{k: rec[k] for k in ("frequency", "mean", "frequency_raw", "mean_raw", "frequency_se",
                                            "mean_se", "frequency_status", "mean_status", "n_reports")},
-                    "round_counts": [] if chain is None else [float(c) for c in chain[:, k]]})
+                    "round_counts": [] if per_key is None else per_key[k]})
     return out
 
 

@@ -60,6 +60,7 @@ is when fewer than ``MIN_KEYS`` keys are estimated (IOH's few chosen keys).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -204,11 +205,24 @@ class _Fit:
     def __init__(self, est: Estimates, model: CountModel | None, estimated: np.ndarray, level: float):
         self.est, self.model, self.ok, self.level = est, model, estimated, level
         self._grid = self._prior = self._f_mean = self._means = self._f_int = None
-        self.frequency_choice = self.mean_choice = self._draws = None
+        self.frequency_choice = self.mean_choice = None
 
     # -- frequencies ------------------------------------------------------------
     def raw(self) -> np.ndarray:
         return np.where(self.ok, np.nan_to_num(self.est.frequency_raw), 0.0)
+
+    @property
+    def limits(self) -> tuple:
+        return risk.LIMITS if self.model is not None else risk.MODEL_FREE_LIMITS
+
+    @property
+    def margin(self) -> float:
+        return risk.TOP_MARGIN if self.model is not None else risk.MODEL_FREE_TOP_MARGIN
+
+    @functools.cached_property
+    def top_draws(self):
+        """``risk.fit_draws``: the top keys' posterior draws, once per fit."""
+        return risk.fit_draws(self)
 
     @property
     def eb(self) -> np.ndarray:
@@ -247,7 +261,8 @@ class _Fit:
                 se = np.asarray(self.est.frequency_se, dtype=np.float64)[eb]
                 out[eb], self.frequency_choice = risk.choose_limit(
                     x[eb], se ** 2, self.frequency_posterior_mean(), self.frequency_posterior_var(), 0.0, 1.0,
-                    risk.fit_top_keys(self, np.flatnonzero(eb)), clipped=out[eb], total=risk.fit_total(self, out, eb))
+                    risk.fit_top_keys(self, np.flatnonzero(eb)), clipped=out[eb], total=risk.fit_total(self, out, eb),
+                    limits=self.limits, margin=self.margin)
             else:
                 out[eb] = self.frequency_posterior_mean()
         return out
@@ -456,7 +471,8 @@ class _Fit:
             drawn = self.eb.sum() >= MIN_KEYS
             top = risk.fit_top_keys(self, keys, post_mean[keys], post_var[keys]) if drawn else None
             out[keys], self.mean_choice = risk.choose_limit(
-                est.mean_raw[keys], se ** 2, post_mean[keys], post_var[keys], -1.0, 1.0, top, clipped=est.mean[keys])
+                est.mean_raw[keys], se ** 2, post_mean[keys], post_var[keys], -1.0, 1.0, top, clipped=est.mean[keys],
+                limits=self.limits, margin=self.margin)
         return out
 
     def _shrunk_without_model(self, status, by_risk: bool = False):

@@ -47,6 +47,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from kvldp.mechanisms import params
 from kvldp.mechanisms.base import (
     STATUS_LATER_ROUND,
     STATUS_NOT_CANDIDATE,
@@ -64,15 +65,7 @@ from kvldp.mechanisms.frequency.oracles import GRR, OLH, OLHReportBatch
 from kvldp.mechanisms.frequency.sampling import discretise
 from kvldp.mechanisms.frequency.symbols import accumulate_symbols
 from kvldp.mechanisms.kv.pckv import CLIP_PAPER, PCKVUE, PCKVParams
-from kvldp.mechanisms.params import (
-    Options,
-    checked_kept_share,
-    kept_share_config,
-    kept_share_option,
-    option,
-    padding_option,
-    top_option,
-)
+from kvldp.mechanisms.params import Options, option, padding_option, top_option
 from kvldp.mechanisms.privacy.accountant import Accountant, Share, check_split
 from kvldp.mechanisms.protocol import Protocol, ProtocolState
 
@@ -80,7 +73,7 @@ from kvldp.mechanisms.protocol import Protocol, ProtocolState
 @dataclasses.dataclass(frozen=True)
 class KSUEOptions(Options):
     padding: int = padding_option()
-    kept_share: float = kept_share_option()
+    kept_share: float = params.kept_share_option()
 
 
 class KSUE(PCKVUE):
@@ -100,7 +93,7 @@ class KSUE(PCKVUE):
 
     def config(self, round_index: int | None = None) -> Mapping:
         return {"mechanism": self.name, "d": self.d, "epsilon": self.epsilon, "padding": self.l,
-                **kept_share_config(self.kept_share)}
+                **params.kept_share_config(self.kept_share)}
 
     def _m(self, stack: np.ndarray) -> np.ndarray:
         """``m = l (n+ - n-)/((3p-1) f n)`` on a ``(3, d)`` stack ``[n+, n-, n0]``."""
@@ -346,7 +339,7 @@ class KSGRROptions(Options):
     top: int = top_option()
     group_split: float = option(0.5, "KS-GRR: the share of users in group 1 (finding the candidates)",
                                 low=0.0, high=1.0, low_open=True, high_open=True, parse=float)
-    kept_share: float = kept_share_option()
+    kept_share: float = params.kept_share_option()
 
 
 class KSGRR(KeyStrategyProtocol):
@@ -358,7 +351,7 @@ class KSGRR(KeyStrategyProtocol):
 
     def __init__(self, d: int, epsilon: float, top: int = 20, group_split: float = 0.5, kept_share: float = 1.0):
         super().__init__(d, epsilon, top, (group_split, 1.0 - group_split))
-        self.kept_share = checked_kept_share(kept_share)     # one pair per user: padding l = 1's
+        self.kept_share = params.checked_kept_share(kept_share)     # one pair per user: padding l = 1's
 
     def round_counts_size(self, round_index: int) -> int:
         return 1 + (self.d + 1 if round_index == 0 else 2 * (self.n_candidates + 1))
@@ -405,4 +398,4 @@ class KSGRR(KeyStrategyProtocol):
         return ProtocolState(2, state.broadcast, True, self.epsilon, est)
 
     def config(self, round_index=None) -> Mapping:
-        return {**super().config(round_index), **kept_share_config(self.kept_share)}
+        return {**super().config(round_index), **params.kept_share_config(self.kept_share)}
