@@ -80,20 +80,44 @@ def test_a_limit_that_only_brings_the_clipped_sum_closer_counts_where_none_keeps
     """1,000 keys of true frequency 0: the paper's clipped output sums to ~4
     (the noise's positive halves), the total is 0 +- 0.3. Moving each key at
     most 1 s.e. leaves ~0.8 -- above the total's bounds but closer than the
-    paper's: chosen where it is the only limit (KS-GRR's MODEL_FREE_LIMITS),
-    not where a limit keeps the total within its bounds (the posterior mean,
-    0)."""
+    paper's: chosen where it is the only limit and ``closer`` is allowed
+    (KS-GRR's MODEL_FREE_LIMITS), not without ``closer``, nor where a limit
+    keeps the total within its bounds (the posterior mean, 0)."""
     rng = np.random.default_rng(4)
     x, var = rng.normal(0.0, 0.01, 1000), np.full(1000, 0.01 ** 2)
     post_mean, post_var = np.zeros(1000), np.full(1000, 1e-8)
     total = (0.0, 0.01 * np.sqrt(1000))
-    out, choice = risk.choose_limit(x, var, post_mean, post_var, 0.0, 1.0, total=total, limits=(0.0, 1.0))
+    out, choice = risk.choose_limit(x, var, post_mean, post_var, 0.0, 1.0, total=total, limits=(0.0, 1.0),
+                                    closer=True)
     assert choice.limit == 1.0 and total[0] + 2 * total[1] < out.sum() < choice.sums[0]
+    _, choice = risk.choose_limit(x, var, post_mean, post_var, 0.0, 1.0, total=total, limits=(0.0, 1.0))
+    assert choice.limit == 0.0                                  # with a count model: within, or the paper's
     out, choice = risk.choose_limit(x, var, post_mean, post_var, 0.0, 1.0, total=total, limits=(0.0, 1.0, np.inf))
     assert choice.limit == np.inf and out.sum() == 0.0
     # below the total's bounds (a collapse) is never taken
-    out, choice = risk.choose_limit(x, var, post_mean, post_var, 0.0, 1.0, total=(3.0, 0.01), limits=(0.0, 1.0))
+    out, choice = risk.choose_limit(x, var, post_mean, post_var, 0.0, 1.0, total=(3.0, 0.01), limits=(0.0, 1.0),
+                                    closer=True)
     assert choice.limit == 0.0
+
+
+def test_a_top_keys_loss_too_good_to_believe_is_refused():
+    """The posterior claims to know the top keys 100x better than their
+    reports (a prior fitted to the same data pins them): the limits whose
+    modelled top loss falls below TOP_FLOOR of the paper's are refused,
+    a moderate one is kept; the margin without a count model is stricter."""
+    assert risk.believable(0.5, 1.0) and risk.believable(0.95, 1.0)
+    assert not risk.believable(0.96, 1.0) and not risk.believable(0.01, 1.0)
+    assert not risk.believable(0.9, 1.0, risk.MODEL_FREE_TOP_MARGIN)
+    assert risk.believable(np.nan, 1.0)
+    rng = np.random.default_rng(5)
+    x, var = rng.normal(0.1, 0.05, 200), np.full(200, 0.05 ** 2)
+    post_mean, post_var = np.full(200, 0.1), np.full(200, 1e-10)
+    # one draw, the truth = the posterior mean: the posterior's own loss is 0, the paper's 0.05^2
+    top = risk.TopKeys(np.arange(200), post_mean[None, :])
+    _, choice = risk.choose_limit(x, var, post_mean, post_var, 0.0, 1.0, top)
+    allowed = [c for c, loss in zip(risk.LIMITS, choice.top, strict=False)
+               if risk.believable(loss, choice.top[0])]
+    assert choice.limit in allowed and choice.limit < np.inf and choice.limit > 0
 
 
 def test_posterior_draws_follow_each_keys_weights():
