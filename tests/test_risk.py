@@ -80,23 +80,19 @@ def test_a_limit_that_only_brings_the_clipped_sum_closer_counts_where_none_keeps
     """1,000 keys of true frequency 0: the paper's clipped output sums to ~4
     (the noise's positive halves), the total is 0 +- 0.3. Moving each key at
     most 1 s.e. leaves ~0.8 -- above the total's bounds but closer than the
-    paper's: chosen where it is the only limit and ``closer`` is allowed
-    (KS-GRR's MODEL_FREE_LIMITS), not without ``closer``, nor where a limit
-    keeps the total within its bounds (the posterior mean, 0)."""
+    paper's: chosen where it is the only limit (KS-GRR's MODEL_FREE_LIMITS),
+    not where a limit keeps the total within its bounds (the posterior mean,
+    0)."""
     rng = np.random.default_rng(4)
     x, var = rng.normal(0.0, 0.01, 1000), np.full(1000, 0.01 ** 2)
     post_mean, post_var = np.zeros(1000), np.full(1000, 1e-8)
     total = (0.0, 0.01 * np.sqrt(1000))
-    out, choice = risk.choose_limit(x, var, post_mean, post_var, 0.0, 1.0, total=total, limits=(0.0, 1.0),
-                                    closer=True)
+    out, choice = risk.choose_limit(x, var, post_mean, post_var, 0.0, 1.0, total=total, limits=(0.0, 1.0))
     assert choice.limit == 1.0 and total[0] + 2 * total[1] < out.sum() < choice.sums[0]
-    _, choice = risk.choose_limit(x, var, post_mean, post_var, 0.0, 1.0, total=total, limits=(0.0, 1.0))
-    assert choice.limit == 0.0                                  # with a count model: within, or the paper's
     out, choice = risk.choose_limit(x, var, post_mean, post_var, 0.0, 1.0, total=total, limits=(0.0, 1.0, np.inf))
     assert choice.limit == np.inf and out.sum() == 0.0
     # below the total's bounds (a collapse) is never taken
-    out, choice = risk.choose_limit(x, var, post_mean, post_var, 0.0, 1.0, total=(3.0, 0.01), limits=(0.0, 1.0),
-                                    closer=True)
+    out, choice = risk.choose_limit(x, var, post_mean, post_var, 0.0, 1.0, total=(3.0, 0.01), limits=(0.0, 1.0))
     assert choice.limit == 0.0
 
 

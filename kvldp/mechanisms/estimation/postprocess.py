@@ -262,7 +262,7 @@ class _Fit:
                 out[eb], self.frequency_choice = risk.choose_limit(
                     x[eb], se ** 2, self.frequency_posterior_mean(), self.frequency_posterior_var(), 0.0, 1.0,
                     risk.fit_top_keys(self, np.flatnonzero(eb)), clipped=out[eb], total=risk.fit_total(self, out, eb),
-                    limits=self.limits, margin=self.margin, closer=self.model is None)
+                    limits=self.limits, margin=self.margin)
             else:
                 out[eb] = self.frequency_posterior_mean()
         return out
