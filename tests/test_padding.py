@@ -498,6 +498,8 @@ def test_ingest_measures_the_kept_share_and_collect_reads_it(ratings_file, tmp_p
                    "--key-dictionary", str(tmp_path / name / "R.keys.txt"), "--output", str(out)]
         if rounds == 1:
             assert cli.main(collect) == 0
+            assert f"truncated: each user reported one pair sampled from at most l = 1 of its pairs, which keeps " \
+                   f"{expected:.2%}" in capsys.readouterr().out
             rows = read_estimates(str(out))
             assert {r["frequency_status"] for r in rows} == {"truncated"}
             assert [r["kept_share"] for r in rows] == pytest.approx([expected] * len(rows))

@@ -122,7 +122,7 @@ def print_table(records: list[dict], rows: int = 10, out=None, rating_range=None
         notes.update(_print_row(r, has_truth, out))
     print(f"post-processing: {', '.join(methods)} (raw: the paper's estimator, interval raw ± 1.96 s.e.; "
           "otherwise kvldp.mechanisms.estimation.postprocess, intervals from each key's own reports)", file=out)
-    _print_notes(notes, out)
+    _print_notes(notes, out, ranked[0] if ranked else {})
 
 
 def _ranked(records: list[dict], rows: int, has_truth: bool, rating_range, out) -> list[dict]:
@@ -153,8 +153,16 @@ def _print_row(r: dict, has_truth: bool, out) -> list[str]:
     return status
 
 
-def _print_notes(notes: set, out):
-    """What the statuses shown in ``print_table`` mean."""
+def _print_notes(notes: set, out, record: dict):
+    """What the statuses shown in ``print_table`` mean (``record``: one of
+    the table's, for the run's padding and kept share)."""
+    if "truncated" in notes:
+        kept = record.get("kept_share")
+        share = f"{kept:.2%}" if isinstance(kept, float) else "a share"
+        print(f"truncated: each user reported one pair sampled from at most l = {record.get('padding')} of its "
+              f"pairs, which keeps {share} of the pairs' frequency mass; the frequencies, their s.e. and "
+              "intervals are divided by that share (exact when a key's holders hold as many pairs as the average "
+              "pair's holder; see kept_share in the output)", file=out)
     if "biased" in notes:
         print("biased: this mechanism's mean estimator is biased (fake values of non-holders pull it), so it "
               "has no standard error", file=out)
