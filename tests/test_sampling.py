@@ -188,12 +188,13 @@ def test_bernoulli_positions_edge_cases():
     np.testing.assert_array_equal(bernoulli_positions(7, 1.0, rng), np.arange(7))
 
 
-@pytest.mark.parametrize("p", [1e-13, 0.004, 0.1192, 0.3333, 1 / 3, 0.6])
+@pytest.mark.parametrize("p", [1e-13, 0.004, 0.1192, 0.1999])
 def test_bernoulli_runs_are_numpys_geometric_gaps_in_pieces(p):
-    """``bernoulli_runs`` (any run length) joins to the positions of NumPy's
-    own ``Generator.geometric`` gaps summed, cut at ``total``; and leaves the
-    generator where those draws leave it (what a caller draws next, e.g.
-    the unary encodings' kept bits, is the same)."""
+    """Below ``DENSE_FROM``, ``bernoulli_runs`` (any run length) joins to the
+    positions of NumPy's own ``Generator.geometric`` gaps summed, cut at
+    ``total``; and leaves the generator where those draws leave it (what a
+    caller draws next, e.g. the unary encodings' kept bits, is the same)."""
+    assert p < randomness.DENSE_FROM
     total = 50_000
     rng = batch_rng(8, 3)
     expected, chunk, last = [], int(total * p + 6 * math.sqrt(total * p * (1 - p)) + 16), -1
@@ -209,6 +210,53 @@ def test_bernoulli_runs_are_numpys_geometric_gaps_in_pieces(p):
         np.testing.assert_array_equal(np.concatenate(runs) if runs else [], expected)
         np.testing.assert_array_equal(rng.random(4), after)
     np.testing.assert_array_equal(bernoulli_positions(total, p, batch_rng(8, 3)), expected)
+
+
+@pytest.mark.parametrize("p", [0.2, 0.3333, 1 / 3, (77 + 0.5) / 256, 0.6, 0.999])
+def test_bernoulli_runs_from_dense_from_are_one_byte_a_slot_in_pieces(p):
+    """From ``DENSE_FROM`` on: slot ``i`` succeeds when its byte is below
+    ``floor(256 p)``, or equal to it and the next tie's uniform is below the
+    rest (the bytes of a run first, then its ties' uniforms); any run length
+    gives the same positions and leaves the generator in the same state when
+    it is a multiple of the step the expectation uses."""
+    assert p >= randomness.DENSE_FROM
+    total, step = 50_000, 1000
+    rng = batch_rng(8, 4)
+    expected = []
+    below, rest = math.floor(256 * p), 256 * p - math.floor(256 * p)
+    for s in range(0, total, step):
+        byte = rng.integers(0, 256, size=min(step, total - s), dtype=np.uint8)
+        hit = byte < below
+        tie = np.flatnonzero(byte == below)
+        hit[tie[rng.random(len(tie)) < rest]] = True
+        expected.append(np.flatnonzero(hit) + s)
+    expected, after = np.concatenate(expected), rng.random(4)
+    runs = list(randomness.bernoulli_runs(total, p, batch_rng(8, 4), step))
+    assert all(len(r) <= step for r in runs)
+    np.testing.assert_array_equal(np.concatenate(runs), expected)
+    rng = batch_rng(8, 4)
+    list(randomness.bernoulli_runs(total, p, rng, step))
+    np.testing.assert_array_equal(rng.random(4), after)
+
+
+def test_a_tie_byte_succeeds_with_the_rest_of_the_probability():
+    """``p = (Q + r)/256``: the slots whose byte is ``Q`` succeed w.p. ``r``,
+    so the rate is ``p`` within 4 sigma where ``Q/256`` alone is 40 sigma off."""
+    p, total = (3 + 0.75) / 256, 4_000_000      # below DENSE_FROM: byte_runs directly
+    hits = sum(len(r) for r in randomness.byte_runs(total, p, batch_rng(9, 1)))
+    sigma = math.sqrt(total * p * (1 - p))
+    assert abs(hits - total * p) < Z_FEW * sigma
+    assert abs(total * 3 / 256 - total * p) > 10 * Z_FEW * sigma
+
+
+def test_fair_signs_are_fair_independent_bits():
+    """Values ±1 (int8); the share of +1 within 4 sigma of 1/2; neighbours
+    independent (lag-1 agreement 1/2); a count not a multiple of 8 works."""
+    signs = randomness.fair_signs(1_000_003, batch_rng(9, 2))
+    assert signs.dtype == np.int8 and len(signs) == 1_000_003 and set(np.unique(signs)) == {-1, 1}
+    sigma = math.sqrt(0.25 / len(signs))
+    assert abs((signs > 0).mean() - 0.5) < Z_FEW * sigma
+    assert abs((signs[1:] == signs[:-1]).mean() - 0.5) < Z_FEW * sigma
 
 
 # Regression: for prob below ~1e-18 Geometric(prob) gaps exceed int64 and

@@ -52,7 +52,7 @@ from kvldp.mechanisms.params import (
     option,
     padding_option,
 )
-from kvldp.mechanisms.privacy.randomness import bernoulli_positions
+from kvldp.mechanisms.privacy.randomness import bernoulli_positions, fair_signs
 from kvldp.mechanisms.protocol import Mechanism
 
 CLIP_PAPER = "paper"      # n1*, n2* in [0, N]  (Algorithm 4)
@@ -149,10 +149,14 @@ class _PCKV(Mechanism):
             raise ValueError(f"report position outside [0, {dp}): reports do not match {self!r}")
         if len(reports.symbols) and not np.all(np.abs(reports.symbols) == 1):
             raise ValueError(f"PCKV report signs must be +1 or -1: reports do not match {self!r}")
-        plus = reports.symbols > 0
+        # One bincount over n1's then n2's positions (the layout of counts):
+        # selecting each sign's positions by a mask cost ~10 ns a position
+        # (PCKV-UE at eps = 1, 340,542 keys: 119,000 of them a report).
+        index = (reports.symbols < 0).astype(np.int64)
+        index *= dp
+        index += pos
         counts[0] += reports.n_reports
-        counts[1:1 + dp] += np.bincount(pos[plus], minlength=dp)
-        counts[1 + dp:] += np.bincount(pos[~plus], minlength=dp)
+        counts[1:] += np.bincount(index, minlength=2 * dp)
         return counts
 
     def split_counts(self, counts: np.ndarray):
@@ -276,7 +280,7 @@ class PCKVUE(_PCKV):
         keys, x = padding_and_sampling(users, self.d, self.l, rng)
         # The other d'-1 positions (every one but the sampled key's), sorted within a user.
         slots = bernoulli_positions(n * (dp - 1), P.b, rng)
-        signs = np.where(rng.random(len(slots)) < 0.5, 1, -1).astype(np.int8)
+        signs = fair_signs(len(slots), rng)
         # The sampled position: x w.p. a p, -x w.p. a (1-p), 0 w.p. 1-a.
         u = rng.random(n)
         nonzero = u < P.a
