@@ -259,7 +259,7 @@ def test_a_large_domain_whose_noise_sums_below_zero_keeps_its_total():
     the frequency, half for the mean)."""
     data = _sparse_domain()
     mech = registry.make("pckv-ue", data.d, 0.5, padding=2)
-    res = run_local(mech, data, SimulationSeed(2))
+    res = run_local(mech, data, SimulationSeed(1))
     est = res.estimates
     f, m = res.true_values(data.d)
     assert np.nansum(est.frequency_raw) < 0                     # the case this test is about

@@ -20,8 +20,19 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--frequency", type=float, default=None, help="a key's frequency (default 1/d)")
     parser.add_argument("--mean", type=float, default=0.0, help="a key's mean value (default 0)")
     parser.add_argument("--postprocess", type=postprocess_arg, default=DEFAULT_POSTPROCESS.name,
-                        help="with --dataset (built in): the post-processing whose measured errors choose the "
-                             f"mechanism (default {DEFAULT_POSTPROCESS.name}; see simulate --postprocess)")
+                        help="the post-processing whose errors are measured beside the paper's estimator's "
+                             f"(default {DEFAULT_POSTPROCESS.name}; see simulate --postprocess)")
+    parser.add_argument("--closed-form", action="store_true",
+                        help="no runs: the paper's rule and the closed-form errors only (instant)")
+    parser.add_argument("--pilot-users", type=int, default=20_000,
+                        help="without a built-in dataset: the candidates run on a pilot of this many users (at "
+                             "most n) with the given d and set sizes, and their errors and times are projected "
+                             "to n (default 20,000)")
+    parser.add_argument("--zipf", type=float, default=1.0,
+                        help="the pilot's key popularity: key k held w.p. proportional to 1/k^s (default 1)")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="a time budget at n users (numpy runner, one core): slower candidates are not "
+                             "recommended")
     # n and d, or a dataset / ratings file to measure them and the set sizes from
     data_args.add_dataset_args(parser, default=None)
     parser.set_defaults(users=None, keys=None)

@@ -6,18 +6,15 @@ when ``2(d - 1) > l(4l - 1)(e^eps + 1)``; PCKV-UE's error does not grow with
 (Theorem 4; KS-UE Theorem 4.2) of every mechanism that has one, and the
 standard errors to expect for a key of frequency ``f`` and mean ``m``.
 
-Post-processing (``kvldp.mechanisms.estimation.postprocess``) changes the errors a
-collector gets, and by how much depends on the data (how the frequencies
-and means spread over the keys), so no closed form predicts it. With a
-built-in dataset (``--dataset``), advise therefore runs every candidate
-once on it (the local runner, a fixed seed) and measures the mean squared
-errors of frequency over the top 20 keys and over all keys, before and
-after ``--postprocess`` (default the collector's default); the
-recommendation is then the candidate whose own estimates (before
-post-processing, which on sparse data pulls every candidate to nearly the
-same pool) err least on the top 20 keys (the closed-form rule is still
-printed). Without data the closed forms are about the paper's estimators:
-what post-processing adds is an upper bound's worth of improvement only.
+The closed forms know neither the data's shape, nor the OLH-based KS
+mechanisms, nor what a run costs; so advise measures (``advise_measure``):
+every candidate runs once on the users -- a built-in dataset as it is, else
+a pilot of ``--pilot-users`` with the operator's ``d`` and set sizes and a
+Zipf popularity (``datasets/pilot.py``) -- and the recommendation is the
+fastest of those whose MSE of frequency over the top 20 keys, projected to
+``n``, is within the pilot's noise of the best (``--max-seconds``: a time
+budget at ``n``). The paper's rule and the closed forms are printed beside
+(``--closed-form``: only them, no runs).
 
 The padding length ``l``: given the users' set sizes (``--set-sizes``, or
 measured from a dataset or ratings file with simulate's flags), advise
@@ -34,19 +31,16 @@ import math
 
 import numpy as np
 
+from kvldp.datasets.pilot import pilot_population
 from kvldp.mechanisms import registry
-from kvldp.mechanisms.estimation import metrics
 from kvldp.mechanisms.estimation.postprocess import DEFAULT as DEFAULT_POSTPROCESS
-from kvldp.mechanisms.estimation.postprocess import RAW, postprocess_all
 from kvldp.mechanisms.frequency.padding import (
     DEFAULT_COVERAGE,
     MAX_PADDING,
     check_padding,
     choose_padding,
 )
-from kvldp.mechanisms.local import run_local
-from kvldp.mechanisms.privacy.randomness import SimulationSeed
-from kvldp.pipelines import mechanism_config, sources
+from kvldp.pipelines import advise_measure, mechanism_config, sources
 from kvldp.pipelines.padding import (
     data_set_sizes,
     describe_sizes,
@@ -129,59 +123,6 @@ def padding_table(name: str, n: int, d: int, epsilon: float, l: int, f: float, m
     return rows
 
 
-MEASURE_SEED = 20260101
-
-
-TOP = 20       # the keys a reader looks at first: the recommendation is measured on them
-
-
-def measure_candidates(dataset, epsilon: float, l: int, method: str = DEFAULT_POSTPROCESS.name,
-                       seed: int = MEASURE_SEED) -> list[dict]:
-    """Each candidate run once on ``dataset`` (local runner, fast noise):
-    the MSE of frequency over the top ``TOP`` keys and over all keys, the
-    MSE of the mean and the NCR of the top ``TOP``, for the paper's
-    estimator (``raw``) and after ``method``. The MSE of the mean is over
-    the keys the paper's estimator gives a mean for (both). Each batch as
-    large as the perturbation's memory budget allows (1 GiB, as every job:
-    a UE report over Clothing's 5,850 items is 11.7 KB)."""
-    out = []
-    for name in CANDIDATES:
-        mech = registry.make(name, dataset.d, epsilon, padding=l)
-        batch = DataConfig().sized_for(mech, dataset.d).sized_batch
-        result = run_local(mech, dataset, SimulationSeed(seed), batch)
-        tf, tm = result.true_values(dataset.d)
-        raw, done = postprocess_all(result.estimates, [RAW, method])
-        held = np.flatnonzero(np.isfinite(raw.mean) & np.isfinite(tm))
-        top = metrics.top_keys(tf, TOP)
-        row = {"mechanism": name, "postprocess": method}
-        for label, est in (("raw", raw), ("post", done)):
-            row[f"mse_frequency_top_{label}"] = metrics.mse(est.frequency, tf, top)
-            row[f"mse_frequency_{label}"] = metrics.mse(est.frequency, tf)
-            row[f"mse_mean_{label}"] = metrics.mse(est.mean, tm, held)
-            row[f"ncr20_{label}"] = metrics.ncr(tf, est.frequency, TOP)
-        out.append(row)
-    return out
-
-
-def recommend_measured(out: dict, measured: list[dict]) -> dict:
-    """``out`` with the recommendation measured on the data: the smallest
-    MSE of the mechanism's own frequency estimates over the top ``TOP``
-    keys, then over all keys (the paper's rule kept as
-    ``rule_recommendation``). Not the post-processed error: on sparse data
-    the default shrinkage pulls every mechanism's estimates to nearly the
-    same pool (Clothing, 3,000 users: 1.16e-4, 1.17e-4, 1.17e-4 over the top
-    20 for MSEs of 1.4e-4, 2.2e-3, 9.4e-5 before it), and over all keys a
-    shrinkage that pulls every small key to 0 wins however wrong the keys a
-    reader looks at are. The post-processed errors are shown beside."""
-    best = min(measured, key=lambda r: (r["mse_frequency_top_raw"], r["mse_frequency_raw"]))
-    reason = (f"measured on the data: {best['mechanism']} has the smallest MSE of frequency over the top {TOP} "
-              f"keys ({best['mse_frequency_top_raw']:.3g} for the paper's estimator, "
-              f"{best['mse_frequency_top_post']:.3g} after {best['postprocess']}); the paper's rule says "
-              f"{out['recommendation']}")
-    return {**out, "rule_recommendation": out["recommendation"], "rule_reason": out["reason"],
-            "recommendation": best["mechanism"], "reason": reason, "measured": measured}
-
-
 @dataclasses.dataclass(frozen=True)
 class AdviseConfig:
     """What to advise on: ``epsilon``; ``n`` and ``d`` as ``users``/``keys``,
@@ -199,10 +140,16 @@ class AdviseConfig:
     frequency: float | None = None
     mean: float = 0.0
     postprocess: str = DEFAULT_POSTPROCESS.name
+    closed_form: bool = False             # no runs: the rule and the closed forms only
+    pilot_users: int = 20_000             # without a built-in dataset: the pilot's size (at most n)
+    zipf: float = 1.0                     # the pilot's key popularity, w_k ∝ 1/k^s
+    max_seconds: float | None = None      # a candidate's time budget at n (numpy runner, one core)
 
     def __post_init__(self):
         if self.set_sizes is not None and self.data is not None:
             raise ValueError("give --set-sizes or --dataset, not both")
+        if self.pilot_users < 1 or self.zipf < 0 or (self.max_seconds is not None and self.max_seconds <= 0):
+            raise ValueError("need --pilot-users >= 1, --zipf >= 0 and --max-seconds > 0")
 
     @classmethod
     def from_args(cls, args) -> AdviseConfig:
@@ -210,7 +157,8 @@ class AdviseConfig:
             if args.dataset else None
         sizes = parse_set_sizes(args.set_sizes) if args.set_sizes else None
         return cls(args.epsilon, args.users, args.keys, data, sizes, args.padding, args.coverage,
-                   args.frequency, args.mean, args.postprocess)
+                   args.frequency, args.mean, args.postprocess, args.closed_form, args.pilot_users, args.zipf,
+                   args.max_seconds)
 
 
 def measure(data: DataConfig, beam_args) -> tuple[int, int, np.ndarray]:
@@ -224,6 +172,28 @@ def measure(data: DataConfig, beam_args) -> tuple[int, int, np.ndarray]:
     return int(hist.sum()), len(dictionary), hist
 
 
+def measured_on(config: AdviseConfig, n: int, d: int, hist) -> tuple[object, int]:
+    """``(population, n)``: a built-in dataset as it is, else a pilot of at
+    most ``--pilot-users`` users with ``d`` keys and the set sizes."""
+    if config.data is not None:
+        dataset = sources.built_in_dataset(config.data, sources.Seeds.from_arg(config.data.seed).data)
+        if dataset is not None:
+            return dataset, dataset.n_users
+    return pilot_population(min(n, config.pilot_users), d, hist, config.zipf, seed=advise_measure.MEASURE_SEED), n
+
+
+def recommend_measured(out: dict, config: AdviseConfig, n: int, d: int, hist) -> dict:
+    """``out`` with the measured recommendation (``advise_measure``); the
+    paper's rule kept as ``rule_recommendation``."""
+    population, n = measured_on(config, n, d, hist)
+    measured = advise_measure.measure(population, config.epsilon, out["l"], config.postprocess, n, hist)
+    pick, reason = advise_measure.recommend(measured, config.max_seconds)
+    reason += f"; the paper's rule says {out['recommendation']}"
+    return {**out, "rule_recommendation": out["recommendation"], "rule_reason": out["reason"],
+            "recommendation": pick["mechanism"], "reason": reason, "measured": measured,
+            "measured_on": population.name}
+
+
 def run(config: AdviseConfig, beam_args) -> dict:
     hist = config.set_sizes
     n, d = config.users, config.keys
@@ -235,29 +205,19 @@ def run(config: AdviseConfig, beam_args) -> dict:
         raise ValueError("advise needs --users and --keys (or --dataset to measure them)")
     out = advise(n, d, config.epsilon, config.padding, config.frequency, config.mean, hist, config.coverage)
     l = out["l"]
-    dataset = (sources.built_in_dataset(config.data, sources.Seeds.from_arg(config.data.seed).data)
-               if config.data is not None else None)
-    if dataset is not None:
-        out = recommend_measured(out, measure_candidates(dataset, config.epsilon, l, config.postprocess))
-        if hist is not None:      # the padding table is the recommended mechanism's
+    if not config.closed_form:
+        out = recommend_measured(out, config, n, d, hist)
+        if hist is not None and out["recommendation"] in CANDIDATES:   # the padding table is the recommended one's
             out["padding_table"] = padding_table(out["recommendation"], n, d, config.epsilon, l, out["f"], out["m"],
                                                  hist, config.coverage)
     print(f"recommended: {out['recommendation']}")
     print(f"  {out['reason']}")
     if out.get("measured"):
-        method = config.postprocess
-        print(f"measured on {dataset.name} (one run each; MSE f over the top {TOP} keys and all keys, MSE m over "
-              "the keys the paper estimates):")
-        print(f"  {'':>9} {'top raw':>9} {'top ' + method:>16} {'all raw':>9} {'all ' + method:>16} "
-              f"{'MSE m raw':>10} {'MSE m ' + method:>18} {'NCR20 raw':>9} {'NCR20 ' + method:>16}")
-        for r in out["measured"]:
-            print(f"  {r['mechanism']:>9} {r['mse_frequency_top_raw']:>9.3g} {r['mse_frequency_top_post']:>16.3g} "
-                  f"{r['mse_frequency_raw']:>9.3g} {r['mse_frequency_post']:>16.3g} "
-                  f"{r['mse_mean_raw']:>10.3g} {r['mse_mean_post']:>18.3g} {r['ncr20_raw']:>9.2f} "
-                  f"{r['ncr20_post']:>16.2f}")
-    elif config.data is None:
+        advise_measure.print_table(out["measured"], config.postprocess, out["measured_on"])
+    else:
         print(f"  (the errors below are the paper's estimators'; the collector's default post-processing "
-              f"{config.postprocess} lowers them by an amount that depends on the data: give --dataset to measure)")
+              f"{config.postprocess} lowers them by an amount that depends on the data: drop --closed-form to "
+              "measure)")
     if hist is not None:
         check = out["padding"]
         how = ("chosen: the smallest l with at least "

@@ -210,6 +210,9 @@ class OUE(_UnaryEncoding):
         return 1.0 / (math.exp(self.epsilon) + 1)
 
 
+SUPPORT_CELLS = 1 << 18      # (report, item) hash evaluations a step of OLH's support: 2 MB a temporary, in cache
+
+
 @dataclasses.dataclass(frozen=True)
 class OLH(_Oracle):
     """Optimised local hashing: each user draws a universal hash
@@ -247,10 +250,14 @@ class OLH(_Oracle):
         b = rng.integers(0, _HASH_PRIME, size=n, dtype=np.int64)
         return a, b, randomized_response(self.hash(a, b, items), self.g, self.p, rng)[1]
 
-    def support(self, a, b, values, chunk: int = 4096) -> np.ndarray:
+    def support(self, a, b, values, chunk: int | None = None) -> np.ndarray:
         """Support counts, evaluating every report's hash on every item in
-        chunks of reports (O(n d) work, O(chunk d) memory)."""
+        chunks of reports (O(n d) work, O(chunk d) memory: ``chunk`` default
+        ``SUPPORT_CELLS // d`` reports: a fixed 4,096 made each of the hash's
+        temporaries 11 GB at 340,542 keys, and at 5,000 keys took 37 ns a
+        cell out of cache against 5.2 in it)."""
         out = np.zeros(self.d, dtype=np.int64)
+        chunk = chunk or max(1, SUPPORT_CELLS // self.d)
         items = np.arange(self.d, dtype=np.uint64)
         for s in range(0, len(values), chunk):
             h = self.hash(np.asarray(a[s:s + chunk])[:, None], np.asarray(b[s:s + chunk])[:, None], items[None, :])
