@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from kvldp.mechanisms.params import checked_kept_share
+
 if TYPE_CHECKING:
     from kvldp.mechanisms.estimation.countmodel import CountModel
 
@@ -407,8 +409,7 @@ class Estimates:
     kept_share: float = 1.0
 
     def __post_init__(self):
-        if not 0 < self.kept_share <= 1:
-            raise ValueError(f"kept_share must be in (0, 1], got {self.kept_share}")
+        checked_kept_share(self.kept_share)
         for name in ("frequency_status", "mean_status"):
             value = getattr(self, name)
             if value is None:

@@ -159,6 +159,7 @@ def kept_share_option():
 
 
 def checked_kept_share(value) -> float:
+    """The one check of a kept share (a mechanism's option, an estimate's field)."""
     value = float(value)
     if not 0 < value <= 1:
         raise ValueError(f"kept_share must be in (0, 1], got {value}")

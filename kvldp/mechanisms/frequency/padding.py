@@ -96,11 +96,8 @@ def lost_pair_fraction(hist, l: int) -> float:
 
     A truncated user's ``s`` pairs contribute ``s l/s = l`` in expectation
     instead of ``s``, so this is also the relative downward bias of
-    ``sum_k f_hat_k`` (0 when nobody holds a pair)."""
-    h, l = _checked(hist), _checked_l(l)
-    s = np.arange(len(h))
-    pairs = int((h * s).sum())
-    return float((h * np.maximum(s - l, 0)).sum() / pairs) if pairs else 0.0
+    ``sum_k f_hat_k`` (0 when nobody holds a pair): ``1 - kept_share``."""
+    return 1.0 - kept_share(_checked(hist), l)
 
 
 def kept_share(hist, l: int) -> float:
@@ -115,7 +112,7 @@ def kept_share(hist, l: int) -> float:
     over-counted."""
     h, l = np.asarray(hist, dtype=np.float64), _checked_l(l)     # counts, or estimated shares (KS-Adap)
     if h.ndim != 1 or len(h) < 1 or (h < 0).any():
-        raise ValueError("a set-size histogram is a non-empty 1-D array of counts >= 0")
+        raise ValueError("a set-size histogram is a non-empty 1-D array of counts (or shares) >= 0")
     s = np.arange(len(h))
     pairs = float((h * s).sum())
     return float((h * np.minimum(s, l)).sum() / pairs) if pairs > 0 else 1.0

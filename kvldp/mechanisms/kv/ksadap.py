@@ -68,7 +68,8 @@ class KSAdap(KeyStrategyProtocol):
     def perturb_round(self, round_index, users, rng, state):
         if round_index == 0:
             return self.perturb_keys(users, rng)
-        inside = self.candidate_index(users, state) >= 0
+        index = self.candidate_index(users, state)
+        inside = index >= 0
         if round_index == 1:
             sizes = np.bincount(users.owners[inside], minlength=users.n_users)
             a, b, y = self.sizes_olh.perturb(sizes, rng)
@@ -76,7 +77,7 @@ class KSAdap(KeyStrategyProtocol):
         l = int(state.get("padding"))
         mine = UserBatch(np.concatenate([[0], np.cumsum(np.bincount(users.owners[inside],
                                                                     minlength=users.n_users))]),
-                         self.candidate_index(users, state)[inside], users.values[inside], users.batch_id)
+                         index[inside], users.values[inside], users.batch_id)
         key, x = padding_and_sampling(mine, self.n_candidates, l, rng)
         reports = grr_pairs(key, x, self.n_candidates + l, self.ledger.round_epsilon(round_index), rng)
         return ReportBatch(reports.offsets, reports.positions, reports.symbols, users.batch_id)
