@@ -26,21 +26,17 @@ no privacy. ``PostProcess`` names one, ``FREQ[+shrink]``:
   biased mean is modelled (the fake values are in the likelihood), so it is
   corrected as it is shrunk.
 
-An empirical Bayes estimate is the posterior mean, pulled towards the other
-keys; its interval (below) is from the key's own reports, so where the
-reports cannot tell a key from the bulk of the others (a large key among
-thousands of tiny ones at small epsilon) the estimate may lie below the
-interval. Moving it into the interval (Efron & Morris's limited
-translation) was measured and rejected: on a 60,000-key domain (PCKV-GRR,
-eps 2, 30,000 users, most keys held by nobody) 825 keys had a chance
-report or two that put their interval's lower end near 0.25; moved there,
-the frequencies summed to 224 instead of ~1.3 and the all-keys MSE rose
-from 9e-10 to 1e-3.
+An empirical Bayes estimate is the posterior mean, pulled towards the other keys;
+its interval (below) is from the key's own reports, so where they cannot tell a key
+from the bulk (a large key among thousands of tiny ones at small epsilon) the estimate
+may lie below it. Moving it into the interval was measured and rejected: 60,000 keys
+(PCKV-GRR, eps 2, 30,000 users): 825 keys' chance reports put their interval's lower
+end near 0.25; moved there, the frequencies summed to 224, not ~1.3, MSE 9e-10 -> 1e-3.
 
 The default, ``auto``, moves each estimate from the paper's towards
-``eb``'s (frequency) and ``shrink``'s (unbiased means) by a limit chosen
-by estimates of the risk over all keys and over the top keys (``risk.py``,
-issue 43: ``eb+shrink``, the default before, made the top 50 worse at eps 4).
+``eb``'s (frequency) and ``shrink``'s (unbiased means) by a limit chosen by
+estimates of the risk over all keys and over the top keys (``risk.py``, issue
+43: ``eb+shrink`` made the top 50 worse at eps 4); not a candidate set's.
 
 Every post-processed output carries 95 % intervals ``frequency_lo/hi``,
 ``mean_lo/hi`` that do not depend on the post-processing: the
@@ -67,6 +63,7 @@ import numpy as np
 from kvldp.mechanisms.base import (
     STATUS_BIASED,
     STATUS_FREQUENCY_NOT_POSITIVE,
+    STATUS_NOT_CANDIDATE,
     STATUS_OK,
     STATUS_UNINFORMATIVE,
     Estimates,
@@ -207,6 +204,11 @@ class _Fit:
         self._grid = self._prior = self._f_mean = self._means = self._f_int = None
         self.frequency_choice = self.mean_choice = None
 
+    @functools.cached_property
+    def candidates_only(self) -> bool:
+        """Only a candidate set is estimated (KS-Adap): ``auto`` keeps the paper's (``risk.py``)."""
+        return bool(np.any(self.est.frequency_status == STATUS_NOT_CANDIDATE))
+
     # -- frequencies ------------------------------------------------------------
     def raw(self) -> np.ndarray:
         return np.where(self.ok, np.nan_to_num(self.est.frequency_raw), 0.0)
@@ -257,13 +259,13 @@ class _Fit:
         elif eb.sum() >= MIN_KEYS:
             if method == BASE_CUT:
                 out[eb] = consistency.base_cut(x[eb], self.sd_at_zero()[eb])
-            elif method == AUTO:
+            elif method == AUTO and not self.candidates_only:
                 se = np.asarray(self.est.frequency_se, dtype=np.float64)[eb]
                 out[eb], self.frequency_choice = risk.choose_limit(
                     x[eb], se ** 2, self.frequency_posterior_mean(), self.frequency_posterior_var(), 0.0, 1.0,
                     risk.fit_top_keys(self, np.flatnonzero(eb)), clipped=out[eb], total=risk.fit_total(self, out, eb),
                     limits=self.limits, margin=self.margin)
-            else:
+            elif method != AUTO:
                 out[eb] = self.frequency_posterior_mean()
         return out
 
@@ -478,7 +480,7 @@ class _Fit:
     def _shrunk_without_model(self, status, by_risk: bool = False):
         est = self.est
         unbiased = self.ok & (status == STATUS_OK) & np.isfinite(est.mean) & np.isfinite(est.mean_se)
-        if unbiased.sum() < MIN_KEYS:
+        if unbiased.sum() < MIN_KEYS or (by_risk and self.candidates_only):
             return est.mean, status
         var = np.minimum(np.asarray(est.mean_se, dtype=np.float64) ** 2, 1.0 / 3.0)
         post = empirical_bayes.normal_shrinkage(np.where(unbiased, est.mean, np.nan), np.where(unbiased, var, np.nan))
