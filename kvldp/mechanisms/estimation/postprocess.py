@@ -474,7 +474,7 @@ class _Fit:
             top = risk.fit_top_keys(self, keys, post_mean[keys], post_var[keys]) if drawn else None
             out[keys], self.mean_choice = risk.choose_limit(
                 est.mean_raw[keys], se ** 2, post_mean[keys], post_var[keys], -1.0, 1.0, top, clipped=est.mean[keys],
-                limits=self.limits, margin=self.margin)
+                limits=risk.MEAN_LIMITS, margin=self.margin)
         return out
 
     def _shrunk_without_model(self, status, by_risk: bool = False):
