@@ -21,6 +21,7 @@ from .base import InMemoryDataset
 
 
 def zipf_weights(d: int, s: float) -> np.ndarray:
+    """Zipf(s) popularity over ``d`` keys, ``w_k ∝ 1/k^s`` (also ``synthetic-multi``'s)."""
     w = 1.0 / np.arange(1, d + 1, dtype=np.float64) ** s
     return w / w.sum()
 

@@ -33,6 +33,7 @@ from kvldp.mechanisms.base import UserBatch
 from kvldp.mechanisms.privacy.randomness import STREAM_DATA, STREAM_DATA_SETUP, batch_rng
 
 from .base import Dataset
+from .pilot import zipf_weights
 
 SYNTHETIC_KINDS = ("uu", "gg", "multi", "corr")
 
@@ -138,8 +139,7 @@ def _key_parameters(kind, d, seed, sigma_key, sigma_mean, lam, zipf, spread, cla
         out["key_probs"] = np.full(d, 1.0 / d)
         out["key_means"] = rng.uniform(-1.0, 1.0, d)
     elif kind == "multi":
-        w = 1.0 / np.arange(1, d + 1) ** zipf
-        out["key_probs"] = w / w.sum()
+        out["key_probs"] = zipf_weights(d, zipf)
         out["key_means"] = rng.uniform(-1.0, 1.0, d)
     else:
         weights = rng.dirichlet(np.full(classes, 2.0))
