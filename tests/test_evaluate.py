@@ -39,7 +39,7 @@ def test_tiny_sweep_csv_and_figures(tmp_path, capsys):
                  for metric in ("coverage", "scored", "no_interval")}
     expected |= {(f"{metric}_{what}", "all") for what in ("frequency", "mean") for metric in ("se_zero", "null")}
     expected |= {(metric, "all") for metric in ("total_frequency", "raw_total_frequency", "total_frequency_se",
-                                                "true_total_frequency")}
+                                                "true_total_frequency")} | {("true_total_frequency", "estimated")}
     by_status = ("null_frequency_by_status", "null_mean_by_status")
     for rs in per_cell.values():
         assert {(r["metric"], r["key_set"]) for r in rs if r["metric"] not in by_status} == expected
@@ -47,8 +47,10 @@ def test_tiny_sweep_csv_and_figures(tmp_path, capsys):
         null = {r["key_set"]: float(r["value"]) for r in rs if r["metric"] == "null_frequency_by_status"}
         assert "ok" not in null
         assert sum(null.values()) == next(float(r["value"]) for r in rs if r["metric"] == "null_frequency")
-        total = {r["metric"]: float(r["value"]) for r in rs if r["metric"].endswith("total_frequency")}
-        assert total["true_total_frequency"] == pytest.approx(1.0)      # synthetic-uu: one pair per user
+        total = {(r["metric"], r["key_set"]): float(r["value"]) for r in rs if r["metric"].endswith("total_frequency")}
+        assert total["true_total_frequency", "all"] == pytest.approx(1.0)      # synthetic-uu: one pair per user
+        # the truth of the keys with an estimate: all of them here, none null
+        assert total["true_total_frequency", "estimated"] == pytest.approx(1.0)
     for rs in per_cell.values():
         ncr = next(float(r["value"]) for r in rs if r["metric"] == "ncr")
         for r in rs:

@@ -11,10 +11,12 @@ mechanisms, nor what a run costs; so advise measures (``advise_measure``):
 every candidate runs once on the users -- a built-in dataset as it is, else
 a pilot of ``--pilot-users`` with the operator's ``d`` and set sizes and a
 Zipf popularity (``datasets/pilot.py``) -- and the recommendation is the
-fastest of those whose MSE of frequency over the top 20 keys, projected to
-``n``, is within the pilot's noise of the best (``--max-seconds``: a time
-budget at ``n``). The paper's rule and the closed forms are printed beside
-(``--closed-form``: only them, no runs).
+one with the smallest MSE of frequency over the top 20 keys, projected to
+``n``; a candidate within 2 of the pilot's standard errors of it wins
+instead only if it takes under half the time and the best would take
+more than ``MATERIAL_SECONDS`` at ``n`` (``advise_measure.recommend``;
+``--max-seconds``: a time budget at ``n``). The paper's rule and the closed
+forms are printed beside (``--closed-form``: only them, no runs).
 
 The padding length ``l``: given the users' set sizes (``--set-sizes``, or
 measured from a dataset or ratings file with simulate's flags), advise

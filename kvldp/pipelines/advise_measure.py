@@ -119,8 +119,10 @@ def measure(dataset, epsilon: float, l: int, method: str, n: int | None = None, 
 
 def recommend(measured: list[dict], max_seconds: float | None = None) -> tuple[dict, str]:
     """``(row, reason)``: among the rows within ``max_seconds`` at ``n`` (all
-    of them if none is), those whose projected top-``TOP`` MSE is within
-    ``TIE_SE`` s.e. of the smallest, the fastest."""
+    of them if none is), the one with the smallest projected top-``TOP``
+    MSE -- or the fastest of those within ``TIE_SE`` s.e. of it, if that
+    takes under half its time and it would take over ``MATERIAL_SECONDS``
+    at ``n`` (a tie in error decides on time only where time matters)."""
     within = [r for r in measured if max_seconds is None or r["seconds_at_n"] <= max_seconds]
     budget = ""
     if max_seconds is not None:

@@ -217,6 +217,7 @@ def score(records: list[dict], mechanism, n_users: int, tops, run_info, paper: l
     add("raw_total_frequency", "all", float(np.nansum(np.where(np.isfinite(f), column(records, "frequency_raw"), 0.0))))
     add("total_frequency_se", "all", float(np.sqrt(np.nansum(column(records, "frequency_se") ** 2))))
     add("true_total_frequency", "all", float(np.nansum(tf)))
+    add("true_total_frequency", "estimated", float(np.nansum(np.where(np.isfinite(f), tf, 0.0))))
     return rows
 
 

@@ -26,17 +26,14 @@ no privacy. ``PostProcess`` names one, ``FREQ[+shrink]``:
   biased mean is modelled (the fake values are in the likelihood), so it is
   corrected as it is shrunk.
 
-An empirical Bayes estimate is the posterior mean, pulled towards the other keys;
-its interval (below) is from the key's own reports, so where they cannot tell a key
-from the bulk (a large key among thousands of tiny ones at small epsilon) the estimate
-may lie below it. Moving it into the interval was measured and rejected: 60,000 keys
-(PCKV-GRR, eps 2, 30,000 users): 825 keys' chance reports put their interval's lower
-end near 0.25; moved there, the frequencies summed to 224, not ~1.3, MSE 9e-10 -> 1e-3.
+An empirical Bayes estimate is pulled towards the other keys, so it may lie outside
+its interval (below), which is from the key's own reports (docs/postprocessing.md).
 
 The default, ``auto``, moves each estimate from the paper's towards
 ``eb``'s (frequency) and ``shrink``'s (unbiased means) by a limit chosen by
 estimates of the risk over all keys and over the top keys (``risk.py``, issue
-43: ``eb+shrink`` made the top 50 worse at eps 4); not a candidate set's.
+43: ``eb+shrink`` made the top 50 worse at eps 4), then Norm-Sub where its frequencies sum to far
+more than the total (``risk.keep_total``); not a candidate set's.
 
 Every post-processed output carries 95 % intervals ``frequency_lo/hi``,
 ``mean_lo/hi`` that do not depend on the post-processing: the
@@ -110,12 +107,9 @@ class PostProcess:
         if str(text).strip().lower() == AUTO:
             return cls(AUTO, AUTO)
         parts = [p.strip() for p in str(text).lower().split("+") if p.strip()]
-        if not parts or len(parts) > 2 or len(set(parts)) != len(parts):
-            raise ValueError(f"a post-processing is FREQ[+shrink] (FREQ one of {', '.join(FREQUENCY_METHODS)}), "
-                             f"got {text!r}")
         freq = [p for p in parts if p != SHRINK]
-        if len(freq) > 1 or (freq and freq[0] not in FREQUENCY_METHODS) or (RAW in parts and len(parts) > 1) \
-                or AUTO in parts:
+        if (not parts or len(parts) > 2 or len(set(parts)) != len(parts) or len(freq) > 1 or AUTO in parts
+                or (freq and freq[0] not in FREQUENCY_METHODS) or (RAW in parts and len(parts) > 1)):
             raise ValueError(f"a post-processing is FREQ[+shrink] (FREQ one of {', '.join(FREQUENCY_METHODS)}), "
                              f"got {text!r}")
         return cls(freq[0] if freq else RAW, SHRINK if SHRINK in parts else RAW)
@@ -209,6 +203,10 @@ class _Fit:
         """Only a candidate set is estimated (KS-Adap): ``auto`` keeps the paper's (``risk.py``)."""
         return bool(np.any(self.est.frequency_status == STATUS_NOT_CANDIDATE))
 
+    @functools.cached_property
+    def selected(self) -> bool:    # a round chose candidates by their estimates (KS-GRR): ``risk.keep_total``
+        return bool(np.any(self.est.mean_status == STATUS_NOT_CANDIDATE))
+
     # -- frequencies ------------------------------------------------------------
     def raw(self) -> np.ndarray:
         return np.where(self.ok, np.nan_to_num(self.est.frequency_raw), 0.0)
@@ -261,10 +259,12 @@ class _Fit:
                 out[eb] = consistency.base_cut(x[eb], self.sd_at_zero()[eb])
             elif method == AUTO and not self.candidates_only:
                 se = np.asarray(self.est.frequency_se, dtype=np.float64)[eb]
+                total, top = risk.fit_total(self, out, eb), risk.fit_top_keys(self, np.flatnonzero(eb))
                 out[eb], self.frequency_choice = risk.choose_limit(
                     x[eb], se ** 2, self.frequency_posterior_mean(), self.frequency_posterior_var(), 0.0, 1.0,
-                    risk.fit_top_keys(self, np.flatnonzero(eb)), clipped=out[eb], total=risk.fit_total(self, out, eb),
-                    limits=self.limits, margin=self.margin)
+                    top, clipped=out[eb], total=total, limits=self.limits, margin=self.margin)
+                if not self.selected:
+                    out[eb] = risk.keep_total(out[eb], total, top, x[eb], self.sd_at_zero()[eb])
             elif method != AUTO:
                 out[eb] = self.frequency_posterior_mean()
         return out
