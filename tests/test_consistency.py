@@ -101,3 +101,20 @@ def test_base_cut_keeps_a_null_key_with_the_family_wise_rate_alpha():
     survived = np.array([np.any(base_cut(rng.normal(0.0, 0.01, d), sd) > 0) for _ in range(runs)])
     exact = 1 - (1 - BASE_CUT_ALPHA / d) ** d          # independent keys
     assert abs(survived.mean() - exact) < Z_FEW * binomial_sigma(exact, runs)
+
+
+def test_a_total_comes_with_its_standard_error():
+    """``Estimates.total`` and ``total_se`` go together and are finite; the
+    measured total is the given one, else the raw estimates' sum over the
+    keys with a frequency (a null key's raw estimate left out)."""
+    from kvldp.mechanisms.base import Estimates
+    from kvldp.mechanisms.estimation.consistency import measured_total
+
+    arrays = dict(frequency=np.array([0.5, np.nan, 0.0]), mean=np.zeros(3), frequency_raw=np.array([0.5, 9.0, -0.2]),
+                  mean_raw=np.zeros(3), frequency_se=np.array([0.3, 0.1, 0.4]), mean_se=np.zeros(3), n_reports=10,
+                  mechanism="x", epsilon=1.0)
+    assert measured_total(Estimates(**arrays)) == pytest.approx((0.3, 0.5))
+    assert measured_total(Estimates(**arrays, total=1.0, total_se=0.01)) == (1.0, 0.01)
+    for total, se in ((1.0, None), (None, 0.1), (np.nan, 0.1), (1.0, np.inf)):
+        with pytest.raises(ValueError, match="together"):
+            Estimates(**arrays, total=total, total_se=se)

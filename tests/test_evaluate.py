@@ -38,8 +38,8 @@ def test_tiny_sweep_csv_and_figures(tmp_path, capsys):
     expected |= {(f"{metric}_{what}", key_set) for what in ("frequency", "mean") for key_set in ("all", "f>=1/d")
                  for metric in ("coverage", "scored", "no_interval")}
     expected |= {(f"{metric}_{what}", "all") for what in ("frequency", "mean") for metric in ("se_zero", "null")}
-    expected |= {(metric, "all") for metric in ("total_frequency", "raw_total_frequency", "total_frequency_se",
-                                                "true_total_frequency")} | {("true_total_frequency", "estimated")}
+    totals = ("total_frequency", "measured_total_frequency", "measured_total_frequency_se", "true_total_frequency")
+    expected |= {(metric, "all") for metric in totals} | {("true_total_frequency", "estimated")}
     by_status = ("null_frequency_by_status", "null_mean_by_status")
     for rs in per_cell.values():
         assert {(r["metric"], r["key_set"]) for r in rs if r["metric"] not in by_status} == expected
@@ -51,6 +51,9 @@ def test_tiny_sweep_csv_and_figures(tmp_path, capsys):
         assert total["true_total_frequency", "all"] == pytest.approx(1.0)      # synthetic-uu: one pair per user
         # the truth of the keys with an estimate: all of them here, none null
         assert total["true_total_frequency", "estimated"] == pytest.approx(1.0)
+        # the reports' total (PCKV-UE: its dummy keys; PrivKVM: the raw sum) within 4 of its s.e.
+        measured = {r["metric"]: float(r["value"]) for r in rs if r["metric"].startswith("measured_total")}
+        assert abs(measured["measured_total_frequency"] - 1.0) < 4 * measured["measured_total_frequency_se"]
     for rs in per_cell.values():
         ncr = next(float(r["value"]) for r in rs if r["metric"] == "ncr")
         for r in rs:

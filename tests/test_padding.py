@@ -428,7 +428,7 @@ def test_the_kept_share_corrects_the_truncation_bias(name, l):
     one sampled pair, l = 1); divided by kept_share = l/3, every key's
     frequency is within 4 s.e. of the truth, where uncorrected the top key
     is > 10 s.e. below it. The output says so: status 'truncated', the l and
-    the share in every record."""
+    the share in every record; the measured total is corrected with them."""
     from kvldp.mechanisms.estimation import truncation
     from kvldp.mechanisms.estimation.postprocess import postprocess
     from kvldp.schemas.records import estimate_records
@@ -453,6 +453,11 @@ def test_the_kept_share_corrects_the_truncation_bias(name, l):
         assert np.all(fixed.frequency_hi <= 1.0)
         rec = estimate_records(fixed, [f"m{k}" for k in range(d)])[0]
         assert (rec["padding"], rec["kept_share"], rec["frequency_status"]) == (l, kept, "truncated")
+        # the total the reports measure apart from the keys (dummy keys; KS-GRR's round 1) is corrected too:
+        # 3 pairs per user, within 4 of its s.e.
+        assert (fixed.total, fixed.total_se) == pytest.approx((plain.total / kept, plain.total_se / kept))
+        assert abs(fixed.total - 3.0) < Z_FEW * fixed.total_se
+        assert (rec["frequency_total"], rec["frequency_total_se"]) == (fixed.total, fixed.total_se)
     with pytest.raises(ValueError, match="already"):
         truncation.corrected(fixed)
 

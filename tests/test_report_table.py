@@ -28,3 +28,19 @@ def test_no_footer_for_a_status_no_row_has():
     out = io.StringIO()
     print_table([_record("a", 0.02, 0.01, 0.03)], out=out)
     assert "pulled" not in out.getvalue() and "uninformative:" not in out.getvalue()
+
+
+def test_the_frequencies_sum_is_shown_against_the_measured_total():
+    """A sum more than 2 s.e. above the reports' total (``frequency_total``)
+    is said, with what it means; one within is only shown."""
+    def run(frequencies, total, se):
+        out = io.StringIO()
+        print_table([{**_record(k, f, 0.0, 1.0), "frequency_total": total, "frequency_total_se": se}
+                     for k, f in zip("abc", frequencies, strict=True)], out=out)
+        return out.getvalue()
+
+    text = run([0.5, 0.3, 0.2], 1.0, 0.1)
+    assert "frequencies sum to 1 pairs per user; the reports measure 1 ± 0.1" in text and "above it" not in text
+    text = run([0.5, 0.5, 0.5], 1.0, 0.1)
+    assert "frequencies sum to 1.5 pairs per user" in text and "above it by more than 2 s.e." in text
+    assert "sum to" not in run([0.5, 0.3, 0.2], None, None)       # an older file: no total recorded

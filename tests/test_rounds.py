@@ -180,6 +180,7 @@ def assert_split_rounds_equal_simulation(tmp_path, common, data, rounds):
     for k in a:
         assert a[k]["mean"] == pytest.approx(b[k]["mean"], abs=1e-12)
         assert a[k]["frequency"] == pytest.approx(b[k]["frequency"], abs=1e-12)
+        assert a[k]["frequency_total"] == pytest.approx(b[k]["frequency_total"], abs=1e-12)
 
 
 def test_split_rounds_equal_one_pipeline(tmp_path):
@@ -238,6 +239,18 @@ def test_ks_adap_split_rounds_equal_one_pipeline(tmp_path):
         tmp_path, ["--mechanism", "ks-adap", "--epsilon", "3", "--top", "4"],
         ["--dataset", "synthetic-multi", "--users", "20000", "--keys", "12", "--seed", "3", "--batch-size", "5000"],
         3)
+
+
+def test_ks_grr_split_rounds_keep_round_1s_total(tmp_path):
+    """KS-GRR's total (round 1's share of users with a pair) travels in the
+    broadcast: the split collection's frequencies and total are the single
+    pipeline's."""
+    assert_split_rounds_equal_simulation(
+        tmp_path, ["--mechanism", "ks-grr", "--epsilon", "3", "--top", "4"],
+        ["--dataset", "synthetic-multi", "--users", "20000", "--keys", "40", "--seed", "3", "--batch-size", "5000"],
+        2)
+    (record, *_) = read_estimates(str(tmp_path / "est2.jsonl"))
+    assert record["frequency_total"] == pytest.approx(2.0, abs=4 * record["frequency_total_se"])
 
 
 def test_simulate_reports_kskv_metrics(capsys):

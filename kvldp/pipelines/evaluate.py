@@ -214,8 +214,11 @@ def score(records: list[dict], mechanism, n_users: int, tops, run_info, paper: l
             add(f"null_{what}_by_status", status, count)
     # the frequency mass: pairs per user, estimated (null keys count 0) against the truth
     add("total_frequency", "all", float(np.nansum(f)))
-    add("raw_total_frequency", "all", float(np.nansum(np.where(np.isfinite(f), column(records, "frequency_raw"), 0.0))))
-    add("total_frequency_se", "all", float(np.sqrt(np.nansum(column(records, "frequency_se") ** 2))))
+    # ... and as the reports measure it (estimate.avsc's frequency_total: the paper's raw sum, or PCKV's, KS-UE's
+    # and KS-GRR's total from reports the keys' estimates do not use), the same in every record
+    for metric, field in (("measured_total_frequency", "frequency_total"),
+                          ("measured_total_frequency_se", "frequency_total_se")):
+        add(metric, "all", float(column(records, field)[0]) if len(records) else float("nan"))
     add("true_total_frequency", "all", float(np.nansum(tf)))
     add("true_total_frequency", "estimated", float(np.nansum(np.where(np.isfinite(f), tf, 0.0))))
     return rows

@@ -115,16 +115,17 @@ def defaults_table(results_csv) -> str:
     than ``raw``, the ratio of its MSE to ``raw``'s (each the mean over the
     repeats; top-50 and all keys, frequency and mean: <= 1 means the
     post-processing did no harm), the frequency total (pairs per user) of
-    the output and of the unclipped raw estimates (the paper's unbiased
-    estimators, which the clipped output is not) with their s.e. against
+    the output and as the reports measure it (``frequency_total``: the
+    unclipped raw estimates' sum, or a total from reports the keys' own
+    estimates do not use -- PCKV, KS-UE, KS-GRR) with its s.e. against
     the truth of the keys with an estimate (and of all keys where a
     mechanism leaves some null: F2M's keys without a report), and the
     null estimates per run by status."""
     cells = _cells(results_csv)
     present = [(m, ks) for m, ks in RATIO_METRICS if any((m, ks) in c for c in cells.values())]
     head = " | ".join(f"{m.replace('mse_', '')} {ks}" for m, ks in present)
-    out = [f"| dataset | mechanism | eps | post-processing | MSE ratio {head} | total: output / raw ± s.e. / truth "
-           "of the estimated keys "
+    out = [f"| dataset | mechanism | eps | post-processing | MSE ratio {head} | total: output / measured ± s.e. / "
+           "truth of the estimated keys "
            "| null frequency (per run) | null mean (per run) |",
            "|---|---|---|---|" + "---|" * len(present) + "---|---|---|"]
     for (dataset, mech, eps, method), c in sorted(cells.items()):
@@ -137,8 +138,8 @@ def defaults_table(results_csv) -> str:
             ratios.append("–" if not (np.isfinite(value) and np.isfinite(base)) else
                           f"{value / base:.3f}" if base > 0 else ("1.000" if value == 0 else "inf"))
         truth, estimated = _mean(raw, 'true_total_frequency'), _mean(raw, 'true_total_frequency', 'estimated')
-        total = (f"{_mean(c, 'total_frequency'):.4g} / {_mean(raw, 'raw_total_frequency'):.4g} ± "
-                 f"{_mean(raw, 'total_frequency_se'):.2g} / {estimated:.4g}"
+        total = (f"{_mean(c, 'total_frequency'):.4g} / {_mean(raw, 'measured_total_frequency'):.4g} ± "
+                 f"{_mean(raw, 'measured_total_frequency_se'):.2g} / {estimated:.4g}"
                  + ("" if np.isclose(estimated, truth) else f" (all keys {truth:.4g})"))
         out.append(f"| {dataset} | {mech} | {eps:g} | {method} | " + " | ".join(ratios) + f" | {total} | "
                    f"{_by_status(c, 'null_frequency_by_status')} | {_by_status(c, 'null_mean_by_status')} |")

@@ -122,7 +122,21 @@ def print_table(records: list[dict], rows: int = 10, out=None, rating_range=None
         notes.update(_print_row(r, has_truth, out))
     print(f"post-processing: {', '.join(methods)} (raw: the paper's estimator, interval raw ± 1.96 s.e.; "
           "otherwise kvldp.mechanisms.estimation.postprocess, intervals from each key's own reports)", file=out)
+    _print_total(records, out)
     _print_notes(notes, out, ranked[0] if ranked else {})
+
+
+def _print_total(records, out):
+    """The frequencies' sum next to the total the reports measure
+    (``frequency_total``, estimate.avsc), and what a sum far above it means."""
+    if not len(records) or not np.isfinite(column(records, "frequency_total")[0]):
+        return
+    total, se = float(column(records, "frequency_total")[0]), float(column(records, "frequency_total_se")[0])
+    got = float(np.nansum(column(records, "frequency")))
+    print(f"frequencies sum to {got:.4g} pairs per user; the reports measure {total:.4g} ± {se:.2g}", file=out)
+    if got > total + 2 * se:
+        print("  above it by more than 2 s.e.: the many small keys' noise, raised to 0, adds that mass (the default "
+              "takes it out only where that does not cost the top keys; --postprocess norm-sub always)", file=out)
 
 
 def _ranked(records: list[dict], rows: int, has_truth: bool, rating_range, out) -> list[dict]:

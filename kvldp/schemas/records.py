@@ -11,6 +11,7 @@ from json.encoder import encode_basestring_ascii
 import numpy as np
 
 from kvldp.mechanisms.base import Estimates
+from kvldp.mechanisms.estimation.consistency import measured_total
 from kvldp.mechanisms.protocol import Collection, ProtocolState
 
 
@@ -60,6 +61,8 @@ def estimate_columns(est: Estimates, key_names: Sequence[str], true_frequency=No
     columns["epsilon"] = [float(est.epsilon)] * d
     columns["padding"] = [None if est.padding is None else int(est.padding)] * d
     columns["kept_share"] = [float(est.kept_share)] * d
+    for name, value in zip(("frequency_total", "frequency_total_se"), measured_total(est), strict=True):
+        columns[name] = _doubles(np.full(d, value), d)
     columns["true_frequency"] = _doubles(true_frequency, d)
     columns["true_mean"] = _doubles(true_mean, d)
     return columns

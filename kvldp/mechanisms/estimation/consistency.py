@@ -86,3 +86,18 @@ def base_cut(x, sd_at_zero, alpha: float = BASE_CUT_ALPHA) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     threshold = base_cut_threshold(len(x), alpha) * np.asarray(sd_at_zero, dtype=np.float64)
     return np.where(x > threshold, x, 0.0)
+
+
+def measured_total(est) -> tuple[float, float]:
+    """``(T, se)``: what the keys' frequencies sum to as the reports of an
+    ``Estimates`` measure it -- its ``total`` where the mechanism has one
+    from reports the keys' own estimates do not use (PCKV's and KS-UE's
+    dummy keys, KS-GRR's round 1), else the sum of the raw estimates of the
+    keys with a frequency, which clipping does not inflate, and ``sqrt`` of
+    the sum of their variances."""
+    if est.total is not None:
+        return float(est.total), float(est.total_se)
+    held = np.isfinite(np.asarray(est.frequency, dtype=np.float64))
+    raw = np.asarray(est.frequency_raw, dtype=np.float64)[held]
+    se = np.asarray(est.frequency_se, dtype=np.float64)[held]
+    return float(np.nansum(raw)), float(np.sqrt(np.nansum(se ** 2)))

@@ -33,7 +33,7 @@ The default, ``auto``, moves each estimate from the paper's towards
 ``eb``'s (frequency) and ``shrink``'s (unbiased means) by a limit chosen by
 estimates of the risk over all keys and over the top keys (``risk.py``, issue
 43: ``eb+shrink`` made the top 50 worse at eps 4), then Norm-Sub where its frequencies sum to far
-more than the total (``risk.keep_total``); not a candidate set's.
+more than the total (``risk.keep_total``); a candidate set's estimates stay the paper's.
 
 Every post-processed output carries 95 % intervals ``frequency_lo/hi``,
 ``mean_lo/hi`` that do not depend on the post-processing: the
@@ -203,10 +203,6 @@ class _Fit:
         """Only a candidate set is estimated (KS-Adap): ``auto`` keeps the paper's (``risk.py``)."""
         return bool(np.any(self.est.frequency_status == STATUS_NOT_CANDIDATE))
 
-    @functools.cached_property
-    def selected(self) -> bool:    # a round chose candidates by their estimates (KS-GRR): ``risk.keep_total``
-        return bool(np.any(self.est.mean_status == STATUS_NOT_CANDIDATE))
-
     # -- frequencies ------------------------------------------------------------
     def raw(self) -> np.ndarray:
         return np.where(self.ok, np.nan_to_num(self.est.frequency_raw), 0.0)
@@ -234,6 +230,8 @@ class _Fit:
         return self.ok & np.isfinite(se) & (se > 0)
 
     def total(self) -> float:
+        if self.est.total is not None:
+            return max(float(self.est.total), 0.0)
         if self.model is not None:
             return max(float(self.model.total), 0.0)
         return max(float(np.sum(self.raw()[self.ok])), 0.0)
@@ -263,8 +261,8 @@ class _Fit:
                 out[eb], self.frequency_choice = risk.choose_limit(
                     x[eb], se ** 2, self.frequency_posterior_mean(), self.frequency_posterior_var(), 0.0, 1.0,
                     top, clipped=out[eb], total=total, limits=self.limits, margin=self.margin)
-                if not self.selected:
-                    out[eb] = risk.keep_total(out[eb], total, top, x[eb], self.sd_at_zero()[eb])
+                out[eb] = risk.keep_total(out[eb], total, top, x[eb], self.sd_at_zero()[eb],
+                                          1.0 if self.model is not None else risk.MODEL_FREE_TOP_MARGIN)
             elif method != AUTO:
                 out[eb] = self.frequency_posterior_mean()
         return out

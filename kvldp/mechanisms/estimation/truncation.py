@@ -13,10 +13,11 @@ which sums over the keys to ``kappa sum_k f_k`` with the kept share
     kappa = sum_s h[s] min(s, l) / sum_s h[s] s        (``kept_share``)
 
 of the set-size histogram ``h``. The correction divides every frequency --
-the main estimate, the paper's raw estimate, its s.e. and the interval's
-ends -- by ``kappa`` (the main estimate and interval clipped into
-``[0, 1]`` again), as the last step of post-processing (issue 43: PCKV at
-MovieLens' ``l = 16`` lost 85 % of the mass, KS-GRR on Clothing 45 %).
+the main estimate, the paper's raw estimate, its s.e., the interval's
+ends and the measured total (``Estimates.total``) -- by ``kappa`` (the
+main estimate and interval clipped into ``[0, 1]`` again), as the last
+step of post-processing (issue 43: PCKV at MovieLens' ``l = 16`` lost
+85 % of the mass, KS-GRR on Clothing 45 %).
 
 Under the assumption that each key's holders hold as many pairs, on
 average, as the average pair's holder, the corrected estimate is unbiased:
@@ -62,7 +63,9 @@ def corrected(est: Estimates) -> Estimates:
 
     status = est.frequency_status.copy()
     status[status == STATUS_OK] = STATUS_TRUNCATED
+    total = None if est.total is None else (est.total / kappa, est.total_se / kappa)
     return dataclasses.replace(
-        est, frequency=scaled(est.frequency, True), frequency_raw=scaled(est.frequency_raw, False),
+        est, total=None if total is None else total[0], total_se=None if total is None else total[1],
+        frequency=scaled(est.frequency, True), frequency_raw=scaled(est.frequency_raw, False),
         frequency_se=scaled(est.frequency_se, False), frequency_lo=scaled(est.frequency_lo, True),
         frequency_hi=scaled(est.frequency_hi, True), frequency_status=status)
