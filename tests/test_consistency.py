@@ -104,7 +104,7 @@ def test_base_cut_keeps_a_null_key_with_the_family_wise_rate_alpha():
 
 
 def test_a_total_comes_with_its_standard_error():
-    """``Estimates.total`` and ``total_se`` go together and are finite; the
+    """``Estimates.frequency_total`` and its s.e. go together and are finite; the
     measured total is the given one, else the raw estimates' sum over the
     keys with a frequency (a null key's raw estimate left out)."""
     from kvldp.mechanisms.base import Estimates
@@ -114,7 +114,7 @@ def test_a_total_comes_with_its_standard_error():
                   mean_raw=np.zeros(3), frequency_se=np.array([0.3, 0.1, 0.4]), mean_se=np.zeros(3), n_reports=10,
                   mechanism="x", epsilon=1.0)
     assert measured_total(Estimates(**arrays)) == pytest.approx((0.3, 0.5))
-    assert measured_total(Estimates(**arrays, total=1.0, total_se=0.01)) == (1.0, 0.01)
+    assert measured_total(Estimates(**arrays, frequency_total=1.0, frequency_total_se=0.01)) == (1.0, 0.01)
     for total, se in ((1.0, None), (None, 0.1), (np.nan, 0.1), (1.0, np.inf)):
         with pytest.raises(ValueError, match="together"):
-            Estimates(**arrays, total=total, total_se=se)
+            Estimates(**arrays, frequency_total=total, frequency_total_se=se)

@@ -159,7 +159,7 @@ def _reference_records(est, names, true_f=None, true_m=None, rating_range=None) 
 
     lo, hi = rating_range or (np.nan, np.nan)
     held = [k for k in range(len(names)) if np.isfinite(est.frequency[k])]
-    total = (est.total, est.total_se) if est.total is not None else (
+    total = (est.frequency_total, est.frequency_total_se) if est.frequency_total is not None else (
         sum(float(est.frequency_raw[k]) for k in held), math.sqrt(sum(float(est.frequency_se[k]) ** 2 for k in held)))
     out = []
     for k, name in enumerate(names):

@@ -257,15 +257,15 @@ def test_ksgrr_non_candidates_report_the_olh_estimate():
 def test_ksgrr_total_is_round_1s_share_of_users_with_a_pair():
     """The keys' one-pair frequencies sum to the share of users holding a
     pair; KS-GRR measures it as ``1 -`` group 1's OLH estimate of "no pair"
-    (``Estimates.total``), unbiased within Z of its own s.e. pooled over the
+    (``Estimates.frequency_total``), unbiased within Z of its own s.e. pooled over the
     24 runs, and with one item's variance: far below the sum of the keys'
     (``d`` OLH and GRR variances), which is what post-processing would use
     without it (``risk.fit_total``)."""
     data, _, runs = ksgrr_runs()
     sizes = np.concatenate([np.diff(b.offsets) for b in data.batches()])
     share = float(np.mean(sizes > 0))
-    totals = np.array([res.estimates.total for res in runs])
-    se = np.array([res.estimates.total_se for res in runs])
+    totals = np.array([res.estimates.frequency_total for res in runs])
+    se = np.array([res.estimates.frequency_total_se for res in runs])
     assert abs(z_known_variance((totals - share)[:, None], (se ** 2)[:, None])[0]) < Z
     keys_se = np.array([np.sqrt(np.sum(res.estimates.frequency_se ** 2)) for res in runs])
     assert np.all(se < keys_se / 3), (se, keys_se)

@@ -387,7 +387,7 @@ class Estimates:
     that kept mass, and ``postprocess`` divides the frequencies by it as
     its last step (``truncation.py``; frequency status ``truncated``).
 
-    ``total``/``total_se``: an unbiased estimate of the keys' frequencies'
+    ``frequency_total``/``_se``: an unbiased estimate of the keys' frequencies'
     sum from reports their own estimates do not use, and its s.e. (PCKV's
     and KS-UE's dummy keys; KS-GRR's round 1), else None
     (``consistency.measured_total``).
@@ -412,13 +412,14 @@ class Estimates:
     postprocess: str | None = None
     padding: int | None = None
     kept_share: float = 1.0
-    total: float | None = None
-    total_se: float | None = None
+    frequency_total: float | None = None
+    frequency_total_se: float | None = None
 
     def __post_init__(self):
         checked_kept_share(self.kept_share)
-        if (self.total is None) != (self.total_se is None) or not np.isfinite((self.total or 0) + (self.total_se or 0)):
-            raise ValueError(f"total and total_se go together (got {self.total}, {self.total_se})")
+        total, se = self.frequency_total, self.frequency_total_se
+        if (total is None) != (se is None) or not np.isfinite((total or 0) + (se or 0)):
+            raise ValueError(f"frequency_total and its s.e. go together, finite (got {total}, {se})")
         for name in ("frequency_status", "mean_status"):
             value = getattr(self, name)
             if value is None:
@@ -441,8 +442,8 @@ def null_where(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
 def with_statuses(frequency, mean, frequency_raw, mean_raw, frequency_se, mean_se, *, n_reports, mechanism,
                   epsilon, no_reports=None, mean_not_estimable=None, mean_biased: bool = False,
                   frequency_status=None, mean_status=None, count_model: CountModel | None = None,
-                  padding: int | None = None, kept_share: float = 1.0, total: float | None = None,
-                  total_se: float | None = None) -> Estimates:
+                  padding: int | None = None, kept_share: float = 1.0, frequency_total: float | None = None,
+                  frequency_total_se: float | None = None) -> Estimates:
     """An ``Estimates`` with the nulls and statuses of the common cases.
 
     ``no_reports``: keys no report carried (frequency and mean null);
@@ -452,7 +453,7 @@ def with_statuses(frequency, mean, frequency_raw, mean_raw, frequency_se, mean_s
     before (kept where not ``ok``), e.g. ``not_candidate``. ``count_model``:
     the mechanism's model of the counts behind the estimates, for
     post-processing (``countmodel.py``). ``padding``/``kept_share``: the
-    sampling's ``l`` and the share of the pairs' mass it kept; ``total``/``total_se``
+    sampling's ``l`` and the share of the pairs' mass it kept; ``frequency_total``/``_se``
     (``Estimates``; default: a count model's ``independent_total``)."""
     d = len(frequency)
     fs = status_array(d) if frequency_status is None else np.array(frequency_status, dtype=object)
@@ -469,15 +470,16 @@ def with_statuses(frequency, mean, frequency_raw, mean_raw, frequency_se, mean_s
     if mean_biased:
         ms[ms == STATUS_OK] = STATUS_BIASED
     se_m_null = ms != STATUS_OK
-    if total is None and count_model is not None and count_model.independent_total and count_model.total_variance:
-        total, total_se = float(count_model.total), float(np.sqrt(count_model.total_variance))
+    model = count_model
+    if frequency_total is None and model is not None and model.independent_total and model.total_variance:
+        frequency_total, frequency_total_se = float(model.total), float(np.sqrt(model.total_variance))
     return Estimates(
         frequency=null_where(frequency, f_null), mean=null_where(mean, m_null),
         frequency_raw=np.asarray(frequency_raw, dtype=np.float64), mean_raw=np.asarray(mean_raw, dtype=np.float64),
         frequency_se=null_where(frequency_se, f_null), mean_se=null_where(mean_se, se_m_null),
         n_reports=int(n_reports), mechanism=mechanism, epsilon=float(epsilon),
         frequency_status=fs, mean_status=ms, count_model=count_model, padding=padding, kept_share=float(kept_share),
-        total=total, total_se=total_se)
+        frequency_total=frequency_total, frequency_total_se=frequency_total_se)
 
 
 MAX_EPSILON = 30.0

@@ -90,13 +90,13 @@ def base_cut(x, sd_at_zero, alpha: float = BASE_CUT_ALPHA) -> np.ndarray:
 
 def measured_total(est) -> tuple[float, float]:
     """``(T, se)``: what the keys' frequencies sum to as the reports of an
-    ``Estimates`` measure it -- its ``total`` where the mechanism has one
+    ``Estimates`` measure it -- its ``frequency_total`` where the mechanism has one
     from reports the keys' own estimates do not use (PCKV's and KS-UE's
     dummy keys, KS-GRR's round 1), else the sum of the raw estimates of the
     keys with a frequency, which clipping does not inflate, and ``sqrt`` of
     the sum of their variances."""
-    if est.total is not None:
-        return float(est.total), float(est.total_se)
+    if est.frequency_total is not None:
+        return float(est.frequency_total), float(est.frequency_total_se)
     held = np.isfinite(np.asarray(est.frequency, dtype=np.float64))
     raw = np.asarray(est.frequency_raw, dtype=np.float64)[held]
     se = np.asarray(est.frequency_se, dtype=np.float64)[held]

@@ -230,8 +230,8 @@ class _Fit:
         return self.ok & np.isfinite(se) & (se > 0)
 
     def total(self) -> float:
-        if self.est.total is not None:
-            return max(float(self.est.total), 0.0)
+        if self.est.frequency_total is not None:
+            return max(float(self.est.frequency_total), 0.0)
         if self.model is not None:
             return max(float(self.model.total), 0.0)
         return max(float(np.sum(self.raw()[self.ok])), 0.0)

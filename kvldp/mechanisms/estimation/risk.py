@@ -344,10 +344,10 @@ def fit_top_keys(fit, index: np.ndarray, post_mean=None, post_var=None) -> TopKe
 
 def fit_total(fit, out: np.ndarray, eb: np.ndarray) -> tuple[float, float]:
     """``(T, se)`` the keys of ``eb`` sum to: a total measured apart from
-    the keys (``Estimates.total``: PCKV's and KS-UE's dummy keys, KS-GRR's
+    the keys (``Estimates.frequency_total``: PCKV's and KS-UE's dummy keys, KS-GRR's
     users without a pair) less the other keys' output, else the sum of
     their raw estimates with its standard error."""
-    if fit.est.total is not None:
-        return float(fit.est.total) - float(np.nansum(out[~eb])), float(fit.est.total_se)
+    if fit.est.frequency_total is not None:
+        return float(fit.est.frequency_total) - float(np.nansum(out[~eb])), float(fit.est.frequency_total_se)
     se = np.asarray(fit.est.frequency_se, dtype=np.float64)[eb]
     return float(np.sum(fit.raw()[eb])), float(np.sqrt(np.nansum(se ** 2)))

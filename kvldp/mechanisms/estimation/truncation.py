@@ -14,7 +14,7 @@ which sums over the keys to ``kappa sum_k f_k`` with the kept share
 
 of the set-size histogram ``h``. The correction divides every frequency --
 the main estimate, the paper's raw estimate, its s.e., the interval's
-ends and the measured total (``Estimates.total``) -- by ``kappa`` (the
+ends and the measured total (``Estimates.frequency_total``) -- by ``kappa`` (the
 main estimate and interval clipped into ``[0, 1]`` again), as the last
 step of post-processing (issue 43: PCKV at MovieLens' ``l = 16`` lost
 85 % of the mass, KS-GRR on Clothing 45 %).
@@ -63,9 +63,10 @@ def corrected(est: Estimates) -> Estimates:
 
     status = est.frequency_status.copy()
     status[status == STATUS_OK] = STATUS_TRUNCATED
-    total = None if est.total is None else (est.total / kappa, est.total_se / kappa)
+    total, total_se = est.frequency_total, est.frequency_total_se
     return dataclasses.replace(
-        est, total=None if total is None else total[0], total_se=None if total is None else total[1],
+        est, frequency_total=None if total is None else total / kappa,
+        frequency_total_se=None if total_se is None else total_se / kappa,
         frequency=scaled(est.frequency, True), frequency_raw=scaled(est.frequency_raw, False),
         frequency_se=scaled(est.frequency_se, False), frequency_lo=scaled(est.frequency_lo, True),
         frequency_hi=scaled(est.frequency_hi, True), frequency_status=status)

@@ -309,8 +309,8 @@ class KeyStrategyProtocol(Protocol):
         share = None if np.any(f_status == STATUS_NOT_CANDIDATE) else state.get("pair_share")
         return with_statuses(**out, n_reports=n, mechanism=self.name, epsilon=self.epsilon,
                              mean_not_estimable=not_positive, frequency_status=f_status, mean_status=m_status,
-                             padding=scale, kept_share=kept_share, total=share,
-                             total_se=None if share is None else state.get("pair_share_se"))
+                             padding=scale, kept_share=kept_share, frequency_total=share,
+                             frequency_total_se=None if share is None else state.get("pair_share_se"))
 
     # -- exact report distributions (privacy audit) ---------------------
     def one_pair_distribution(self, pairs) -> np.ndarray:
