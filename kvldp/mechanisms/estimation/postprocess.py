@@ -230,11 +230,8 @@ class _Fit:
         return self.ok & np.isfinite(se) & (se > 0)
 
     def total(self) -> float:
-        if self.est.frequency_total is not None:
-            return max(float(self.est.frequency_total), 0.0)
-        if self.model is not None:
-            return max(float(self.model.total), 0.0)
-        return max(float(np.sum(self.raw()[self.ok])), 0.0)
+        """The total the reports measure (``consistency.measured_total``), at least 0."""
+        return max(consistency.measured_total(self.est)[0], 0.0)
 
     def sd_at_zero(self) -> np.ndarray:
         if self.model is not None:

@@ -348,6 +348,7 @@ def fit_total(fit, out: np.ndarray, eb: np.ndarray) -> tuple[float, float]:
     users without a pair) less the other keys' output, else the sum of
     their raw estimates with its standard error."""
     if fit.est.frequency_total is not None:
-        return float(fit.est.frequency_total) - float(np.nansum(out[~eb])), float(fit.est.frequency_total_se)
+        total, se = consistency.measured_total(fit.est)
+        return total - float(np.nansum(out[~eb])), se
     se = np.asarray(fit.est.frequency_se, dtype=np.float64)[eb]
     return float(np.sum(fit.raw()[eb])), float(np.sqrt(np.nansum(se ** 2)))
