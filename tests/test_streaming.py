@@ -173,6 +173,8 @@ def test_each_window_equals_collect_over_its_reports(pubsub, tmp_path, mechanism
         assert all(p[0]["pane_timing"] == "EARLY" for p in ps[:-1])
 
 
+# ~30 s per window on stock Beam's idle Pub/Sub pull (docs/upstream/direct-pubsub-pull.md): CI's slow stage
+@pytest.mark.slow
 def test_two_runs_with_the_same_settings_both_count(pubsub, tmp_path):  # noqa: F811
     """Issue 40: a batch's id had no run component, so the second of two
     ``publish`` runs with the same settings (here even the same seed) was
@@ -194,6 +196,8 @@ def test_two_runs_with_the_same_settings_both_count(pubsub, tmp_path):  # noqa: 
     assert ps[-1][0]["pane_timing"] == "ON_TIME" and ps[-1][0]["n_reports"] == 4000
 
 
+# ~30 s per window on stock Beam's idle Pub/Sub pull (docs/upstream/direct-pubsub-pull.md): CI's slow stage
+@pytest.mark.slow
 def test_stop_after_windows_closes_every_window_it_opened(pubsub, tmp_path):  # noqa: F811
     """Issue 40: the README's demo spans one window more than
     ``--stop-after-windows`` counts; the job stopped with that window's
@@ -252,6 +256,8 @@ def test_late_batches_get_a_late_pane_or_the_dead_letter(pubsub, tmp_path):  # n
     assert_same_estimates(first[-1], collect_window(tmp_path, w1 + within, mechanism, eps, "late"))
 
 
+# ~30 s per window on stock Beam's idle Pub/Sub pull (docs/upstream/direct-pubsub-pull.md): CI's slow stage
+@pytest.mark.slow
 def test_sigint_drains_early_panes_and_exits_0(pubsub, tmp_path):  # noqa: F811
     """A window that never closes within the test: early panes carry every
     batch read, their n_reports never decrease, and SIGINT stops the job
@@ -298,7 +304,6 @@ def test_the_direct_runners_streaming_metrics_are_still_stale(pubsub):  # noqa: 
 
     from kvldp.runtime.jobs import counters
     from kvldp.runtime.tally import JobCounter, forget, tally
-    from kvldp.transforms.direct_pubsub import responsive_pulls
 
     class Count(beam.DoFn):
         def __init__(self):
@@ -310,7 +315,6 @@ def test_the_direct_runners_streaming_metrics_are_still_stale(pubsub):  # noqa: 
             self._beam.inc()
 
     topic, sub = pubsub.topic_and_subscription("metrics")
-    responsive_pulls()
     p = beam.Pipeline(runner="DirectRunner", options=PipelineOptions(["--streaming"]))
     p | beam.io.ReadFromPubSub(subscription=sub) | beam.ParDo(Count())
     result = p.run()
@@ -327,6 +331,32 @@ def test_the_direct_runners_streaming_metrics_are_still_stale(pubsub):  # noqa: 
         forget("upstream-check")
 
 
+def test_a_stream_on_the_direct_runner_reads_pub_sub_as_beam_ships_it(pubsub, tmp_path):  # noqa: F811
+    """Stock Beam underneath: up to e61344c ``kvldp stream`` on the
+    DirectRunner replaced the subscriber client of Beam's
+    ``_PubSubReadEvaluator`` (a 1 s pull deadline instead of Beam's 30 s).
+    Every member of that evaluator is Beam's own while a stream runs; the
+    deadline is reported upstream (docs/upstream/direct-pubsub-pull.md)."""
+    from apache_beam.runners.direct import transform_evaluator
+    evaluator = transform_evaluator._PubSubReadEvaluator
+
+    def not_beams():
+        members = {name: getattr(value, "__func__", value) for name, value in vars(evaluator).items()}
+        return sorted(name for name, fn in members.items()
+                      if callable(fn) and not getattr(fn, "__module__", "").startswith("apache_beam."))
+
+    topic, sub = pubsub.topic_and_subscription("stock-read")
+    _, config, beam_args = cli.configure(stream_argv("pckv-ue", 2.0, sub, tmp_path, 4.0))
+    started = stream_job.start(config, beam_args)
+    try:
+        assert not_beams() == []
+    finally:
+        pubsub.publisher.publish(topic, b"end the pull").result()     # else the stop waits out Beam's 30 s pull
+        started.stop()
+
+
+# ~30 s per window on stock Beam's idle Pub/Sub pull (docs/upstream/direct-pubsub-pull.md): CI's slow stage
+@pytest.mark.slow
 @pytest.mark.parametrize("mechanism, options", [("privkvm", ["--rounds", "3"]), ("ks-grr", ["--top", "3"])])
 def test_a_multi_round_protocol_runs_one_round_per_window(pubsub, tmp_path, mechanism, options):  # noqa: F811
     """PrivKVM with 3 rounds, KS-GRR's 2: round r's reports fill one window; its on-time
@@ -496,6 +526,8 @@ def test_the_job_stops_only_once_every_dead_letter_is_written_and_published(tmp_
         {**done, stream_job.DEAD_LETTER_FILES_WRITTEN: 0})
 
 
+# ~30 s per window on stock Beam's idle Pub/Sub pull (docs/upstream/direct-pubsub-pull.md): CI's slow stage
+@pytest.mark.slow
 def test_bench_stream_measures_throughput_and_latency(pubsub, tmp_path, capsys):  # noqa: F811
     """``kvldp bench --stream``: a backlog drained, then batches at a rate;
     every batch sent is found in a pane, and the row lands in the CSV."""

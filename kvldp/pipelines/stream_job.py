@@ -37,7 +37,6 @@ from kvldp.runtime import extras
 from kvldp.runtime import jobs as runner
 from kvldp.runtime.tally import forget, tally
 from kvldp.schemas import envelope
-from kvldp.transforms.direct_pubsub import responsive_pulls
 from kvldp.transforms.stream_sinks import DEAD_LETTER_FILES_WRITTEN, PANE_FILES_WRITTEN, ROUND_FILES_WRITTEN
 from kvldp.transforms.streaming import DEAD_LETTERS_EMITTED, WINDOWS_CLOSED, WINDOWS_OPENED
 
@@ -309,8 +308,6 @@ def start(config: StreamConfig, beam_args) -> StartedStream:
     args = list(beam_args) + ([] if "--streaming" in beam_args else ["--streaming"])
     runner_name = PipelineOptions(args).view_as(StandardOptions).runner
     direct = runner_name in DIRECT_RUNNERS
-    if direct and config.subscription:
-        responsive_pulls()           # Beam's DirectRunner stalls ~30 s per pull on an idle subscription
     p = runner.make_pipeline(args)
     job = uuid.uuid4().hex
     source = config.source(envelope.config_fingerprint(first), id_label=not direct)
