@@ -176,11 +176,14 @@ def test_a_candidate_sets_estimates_stay_the_papers():
     assert not np.array_equal(auto.mean, raw.mean, equal_nan=True)
 
 
-def test_a_mean_moves_at_most_one_standard_error():
-    """PCKV-UE, eps 4, 10^5 multi-item users over 1,000 keys: uncapped, the
-    normal prior of the means chose c = 1.5-3 (modelled top-50 loss 0.66 of
-    the paper's, true 1.04-1.17 in the issue-43 table); every key's default
-    mean is now within 1 s.e. of the paper's (clipped) mean."""
+def test_a_mean_moves_at_most_half_a_standard_error():
+    """PCKV-UE, eps 4, 10^5 multi-item users over 1,000 keys whose top keys
+    have extreme means (data seed 7): uncapped, the normal prior of the
+    means chose c = 1.5-3 (modelled top-50 loss 0.66 of the paper's, true
+    1.04-1.17 in the issue-43 table); at c <= 1 this run chose 1 (top-50
+    means 0.69-1.36x the paper's over 8 runs of that population, mean 1.016).
+    Every key's default mean is now within 0.5 s.e. of the paper's
+    (clipped) mean: a risk of at most 1.25x the paper's for each key."""
     from kvldp.mechanisms.frequency.padding import kept_share, size_histogram
     from kvldp.mechanisms.privacy.randomness import SimulationSeed
 
@@ -192,7 +195,7 @@ def test_a_mean_moves_at_most_one_standard_error():
     moved = np.abs(auto.mean - raw.mean)
     held = np.isfinite(moved) & np.isfinite(est.mean_se) & (est.mean_se < risk.INFORMATIVE_SE)
     assert held.sum() > 100 and np.nanmax(moved[held]) > 0
-    assert np.all(moved[held] <= est.mean_se[held] * (1 + 1e-9)), np.max(moved[held] / est.mean_se[held])
+    assert np.all(moved[held] <= 0.5 * est.mean_se[held] * (1 + 1e-9)), np.max(moved[held] / est.mean_se[held])
 
 
 def test_keep_total_norm_subs_a_sum_far_above_the_total_and_leaves_one_within():
