@@ -331,12 +331,13 @@ def test_the_direct_runners_streaming_metrics_are_still_stale(pubsub):  # noqa: 
         forget("upstream-check")
 
 
-def test_a_stream_on_the_direct_runner_reads_pub_sub_as_beam_ships_it(pubsub, tmp_path):  # noqa: F811
+def test_a_stream_on_the_direct_runner_reads_pub_sub_as_beam_ships_it(pubsub, tmp_path, capsys):  # noqa: F811
     """Stock Beam underneath: up to e61344c ``kvldp stream`` on the
     DirectRunner replaced the subscriber client of Beam's
     ``_PubSubReadEvaluator`` (a 1 s pull deadline instead of Beam's 30 s).
     Every member of that evaluator is Beam's own while a stream runs; the
-    deadline is reported upstream (docs/upstream/direct-pubsub-pull.md)."""
+    deadline is reported upstream (docs/upstream/direct-pubsub-pull.md), and
+    the stream says what it costs."""
     from apache_beam.runners.direct import transform_evaluator
     evaluator = transform_evaluator._PubSubReadEvaluator
 
@@ -350,6 +351,7 @@ def test_a_stream_on_the_direct_runner_reads_pub_sub_as_beam_ships_it(pubsub, tm
     started = stream_job.start(config, beam_args)
     try:
         assert not_beams() == []
+        assert "a window closes up to 30 s after its end" in capsys.readouterr().out
     finally:
         pubsub.publisher.publish(topic, b"end the pull").result()     # else the stop waits out Beam's 30 s pull
         started.stop()

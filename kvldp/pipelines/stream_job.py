@@ -315,5 +315,8 @@ def start(config: StreamConfig, beam_args) -> StartedStream:
     print(f"streaming {protocol!r} from {source.name} (fingerprint "
           f"{envelope.config_fingerprint(first)[:16]}…); windows of {config.windows.size:g} s",
           flush=True)
+    if direct and config.subscription:
+        print("DirectRunner: once the subscription is idle a window closes up to 30 s after its end (Beam's "
+              "Pub/Sub pull deadline, docs/upstream/direct-pubsub-pull.md; Dataflow does not wait)", flush=True)
     result = runner.run_pipeline(p, wait=False)
     return StartedStream(result, job, protocol, envelope.config_fingerprint(first), in_process_workers(args))
