@@ -222,38 +222,45 @@ def test_stop_after_windows_closes_every_window_it_opened(pubsub, tmp_path):  # 
 
 def test_late_batches_get_a_late_pane_or_the_dead_letter(pubsub, tmp_path):  # noqa: F811
     """Within the allowed lateness a late batch joins its window in a LATE
-    pane; beyond it the batch is a dead letter, counted, never silently lost."""
-    mechanism, eps, size, lateness = "pckv-grr", 2.0, 5.0, 30.0
+    pane; beyond it the batch is a dead letter, counted, never silently lost.
+    Window 2's batches come after window 1 closed: on stock Beam an idle
+    pull moves the watermark 30 s at once, past both windows if they were
+    published together, and the job would stop before the late batches came."""
+    mechanism, eps, size, lateness = "pckv-grr", 2.0, 5.0, 90.0
     topic, sub = pubsub.topic_and_subscription("late")
     files = perturb(tmp_path, "reports", mechanism, eps, users=4_800, batch=100)     # 48 batches
     w1, w2, within, beyond = files[:20], files[20:40], files[40:45], files[45:48]
     start = window_start_ms(lead_s=8.0, size_s=size)
     publish.publish_report_files(w1, topic, [start + 10 * i for i in range(20)])
-    publish.publish_report_files(w2, topic, [start + int(size * 1000) + 10 * i for i in range(20)])
     out: dict = {}
     runner = threading.Thread(target=lambda: out.update(run_stream(stream_argv(
         mechanism, eps, sub, tmp_path, size, "--allowed-lateness", f"{lateness:g}s", "--stop-after-windows", "2",
-        "--max-runtime", "120s"))))
+        "--max-runtime", "240s"))))
     runner.start()
-    deadline = time.time() + 60
+    deadline = time.time() + 120
     while not glob.glob(str(tmp_path / "panes" / f"estimates-{start}-*-ON_TIME.jsonl")):
         assert time.time() < deadline and runner.is_alive(), "window 1 never fired on time"
         time.sleep(0.2)
     publish.publish_report_files(within, topic, [start + 100 + i for i in range(5)])       # window 1, late
     old = int((time.time() - 2 * lateness) * 1000)
     publish.publish_report_files(beyond, topic, [old + i for i in range(3)])               # past the lateness
-    runner.join(timeout=120)
+    second = window_start_ms(lead_s=8.0, size_s=size)
+    publish.publish_report_files(w2, topic, [second + 10 * i for i in range(20)])          # a later window
+    runner.join(timeout=240)
     assert not runner.is_alive()
     stats = out["stats"]
     assert stats["batches_late"] == 3 and stats["batches_accepted"] == 45
     letters = dead_letters(tmp_path)
     assert sorted(int(x["attributes"][envelope.BATCH]) for x in letters) == [b for b, _ in beyond]
     assert {x["reason"] for x in letters} == {"late"}
-    first = panes(tmp_path)[(start, start + int(size * 1000))]
+    windows = panes(tmp_path)
+    first = windows[(start, start + int(size * 1000))]
     timings = [p[0]["pane_timing"] for p in first]
     assert timings[0] == "ON_TIME" and timings[-1] == "LATE"
     assert first[0][0]["n_reports"] == 2_000 and first[-1][0]["n_reports"] == 2_500
     assert_same_estimates(first[-1], collect_window(tmp_path, w1 + within, mechanism, eps, "late"))
+    [on_time] = windows[(second, second + int(size * 1000))]
+    assert on_time[0]["pane_timing"] == "ON_TIME" and on_time[0]["n_reports"] == 2_000
 
 
 # ~30 s per window on stock Beam's idle Pub/Sub pull (docs/upstream/direct-pubsub-pull.md): CI's slow stage
