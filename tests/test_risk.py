@@ -135,6 +135,16 @@ def test_top_loss_is_the_mse_over_each_draws_top_keys():
     assert risk.top_loss([est], draws, top=2)[0] == pytest.approx(want)
 
 
+def test_a_top_keys_mean_loss_without_any_estimate_is_not_measured(recwarn):
+    """A split KS-Adap run: no top key has a mean. The loss is nan (not
+    measured), with no numpy warning a user would see."""
+    draws = np.array([[0.5, 0.1, 0.4], [0.0, 0.6, 0.1]])
+    nothing = np.full(3, np.nan)
+    loss = risk.top_loss([np.zeros(3)], draws, nothing, top=2, post_var=nothing)
+    assert np.isnan(loss[0])
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
 def test_the_default_does_not_make_the_heavy_hitters_worse():
     """Issue 43: on synthetic multi-item users (PCKV-GRR, eps 4, l = 3) empirical
     Bayes' top-50 MSE was above the paper's estimator's (it is the Bayes rule:

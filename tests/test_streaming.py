@@ -33,6 +33,9 @@ from kvldp.transforms.streaming import DEAD_LETTERS_EMITTED
 from pubsub_emulator import emulator_host, pubsub  # noqa: F401 - fixtures
 
 D = 10
+# a test that waits ~30 s per window on stock Beam's idle Pub/Sub pull
+# (docs/upstream/direct-pubsub-pull.md) runs in CI's slow stage
+waits_out_the_pull = pytest.mark.slow
 FIELDS = ("frequency", "mean", "frequency_raw", "mean_raw", "frequency_se", "mean_se", "n_reports")
 
 
@@ -173,8 +176,7 @@ def test_each_window_equals_collect_over_its_reports(pubsub, tmp_path, mechanism
         assert all(p[0]["pane_timing"] == "EARLY" for p in ps[:-1])
 
 
-# ~30 s per window on stock Beam's idle Pub/Sub pull (docs/upstream/direct-pubsub-pull.md): CI's slow stage
-@pytest.mark.slow
+@waits_out_the_pull
 def test_two_runs_with_the_same_settings_both_count(pubsub, tmp_path):  # noqa: F811
     """Issue 40: a batch's id had no run component, so the second of two
     ``publish`` runs with the same settings (here even the same seed) was
@@ -196,8 +198,7 @@ def test_two_runs_with_the_same_settings_both_count(pubsub, tmp_path):  # noqa: 
     assert ps[-1][0]["pane_timing"] == "ON_TIME" and ps[-1][0]["n_reports"] == 4000
 
 
-# ~30 s per window on stock Beam's idle Pub/Sub pull (docs/upstream/direct-pubsub-pull.md): CI's slow stage
-@pytest.mark.slow
+@waits_out_the_pull
 def test_stop_after_windows_closes_every_window_it_opened(pubsub, tmp_path):  # noqa: F811
     """Issue 40: the README's demo spans one window more than
     ``--stop-after-windows`` counts; the job stopped with that window's
@@ -263,8 +264,7 @@ def test_late_batches_get_a_late_pane_or_the_dead_letter(pubsub, tmp_path):  # n
     assert on_time[0]["pane_timing"] == "ON_TIME" and on_time[0]["n_reports"] == 2_000
 
 
-# ~30 s per window on stock Beam's idle Pub/Sub pull (docs/upstream/direct-pubsub-pull.md): CI's slow stage
-@pytest.mark.slow
+@waits_out_the_pull
 def test_sigint_drains_early_panes_and_exits_0(pubsub, tmp_path):  # noqa: F811
     """A window that never closes within the test: early panes carry every
     batch read, their n_reports never decrease, and SIGINT stops the job
@@ -364,8 +364,7 @@ def test_a_stream_on_the_direct_runner_reads_pub_sub_as_beam_ships_it(pubsub, tm
         started.stop()
 
 
-# ~30 s per window on stock Beam's idle Pub/Sub pull (docs/upstream/direct-pubsub-pull.md): CI's slow stage
-@pytest.mark.slow
+@waits_out_the_pull
 @pytest.mark.parametrize("mechanism, options", [("privkvm", ["--rounds", "3"]), ("ks-grr", ["--top", "3"])])
 def test_a_multi_round_protocol_runs_one_round_per_window(pubsub, tmp_path, mechanism, options):  # noqa: F811
     """PrivKVM with 3 rounds, KS-GRR's 2: round r's reports fill one window; its on-time
@@ -535,8 +534,7 @@ def test_the_job_stops_only_once_every_dead_letter_is_written_and_published(tmp_
         {**done, stream_job.DEAD_LETTER_FILES_WRITTEN: 0})
 
 
-# ~30 s per window on stock Beam's idle Pub/Sub pull (docs/upstream/direct-pubsub-pull.md): CI's slow stage
-@pytest.mark.slow
+@waits_out_the_pull
 def test_bench_stream_measures_throughput_and_latency(pubsub, tmp_path, capsys):  # noqa: F811
     """``kvldp bench --stream``: a backlog drained, then batches at a rate;
     every batch sent is found in a pane, and the row lands in the CSV."""
