@@ -243,6 +243,18 @@ def test_keep_total_norm_subs_a_sum_far_above_the_total_and_leaves_one_within():
     assert risk.keep_total(est, (0.8, 0.1), tie, told, sd, margin=risk.MODEL_FREE_TOP_MARGIN) is est
 
 
+def test_keep_total_sees_and_keeps_the_sum_within_a_keys_bound():
+    """Before the truncation correction a key's bound is the kept share
+    (``upper``; the correction cuts at 1): the sum ``keep_total`` checks is
+    the output's, within the bound, and Norm-Sub keeps the total within it."""
+    est = np.array([0.3, 0.28, 0.05, 0.04, 0.03, 0.0])
+    noise, sd = np.array([0.01, -0.02, 0.0, 0.015, 0.005, -0.01]), np.full(6, 0.1)    # no key told from 0
+    assert risk.keep_total(est, (0.5, 0.05), None, noise, sd, upper=0.2) is est      # shown: 0.52 <= 0.5 + 0.1
+    out = risk.keep_total(est, (0.3, 0.05), None, noise, sd, upper=0.2)
+    assert out.sum() == pytest.approx(0.3) and np.all(out <= 0.2)
+    assert np.all(np.diff(out) <= 0)                                                 # the order kept
+
+
 def test_norm_sub_to_the_true_total_never_moves_estimates_away_from_the_truth():
     """The truth lies in ``{y >= 0, sum y = T}`` when ``T`` is its sum, and a
     Euclidean projection onto a convex set containing a point never moves

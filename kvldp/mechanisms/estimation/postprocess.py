@@ -229,6 +229,12 @@ class _Fit:
         se = np.asarray(self.est.frequency_se, dtype=np.float64)
         return self.ok & np.isfinite(se) & (se > 0)
 
+    @property
+    def upper(self) -> float:
+        """A key's frequency at most on the kept mass's scale: ``kappa``, which the truncation
+        correction divides by before it cuts at 1 (a consistency step blind to it lost mass there)."""
+        return min(1.0, float(self.est.kept_share))
+
     def total(self) -> float:
         """The total the reports measure (``consistency.measured_total``), at least 0."""
         return max(consistency.measured_total(self.est)[0], 0.0)
@@ -244,11 +250,11 @@ class _Fit:
         if method == RAW:
             return out
         if method == NORM_SUB:
-            out[ok] = consistency.norm_sub(x[ok], self.total())
+            out[ok] = consistency.norm_sub(x[ok], self.total(), self.upper)
         elif method == PROJECT:
             se = np.asarray(self.est.frequency_se, dtype=np.float64)[ok]
             weights = 1.0 / se ** 2 if np.all(np.isfinite(se) & (se > 0)) else None
-            out[ok] = consistency.project(x[ok], self.total(), weights)
+            out[ok] = consistency.project(x[ok], self.total(), weights, self.upper)
         elif eb.sum() >= MIN_KEYS:
             if method == BASE_CUT:
                 out[eb] = consistency.base_cut(x[eb], self.sd_at_zero()[eb])
@@ -259,7 +265,7 @@ class _Fit:
                     x[eb], se ** 2, self.frequency_posterior_mean(), self.frequency_posterior_var(), 0.0, 1.0,
                     top, clipped=out[eb], total=total, limits=self.limits, margin=self.margin)
                 out[eb] = risk.keep_total(out[eb], total, top, x[eb], self.sd_at_zero()[eb],
-                                          1.0 if self.model is not None else risk.MODEL_FREE_TOP_MARGIN)
+                                          1.0 if self.model is not None else risk.MODEL_FREE_TOP_MARGIN, self.upper)
             elif method != AUTO:
                 out[eb] = self.frequency_posterior_mean()
         return out

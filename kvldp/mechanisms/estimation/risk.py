@@ -235,8 +235,9 @@ def choose_limit(x, var, post_mean, post_var, lo: float, hi: float, top: TopKeys
 
 
 def keep_total(est: np.ndarray, total, top: TopKeys | None = None, raw=None, sd_at_zero=None,
-               margin: float = 1.0) -> np.ndarray:
-    """``est`` (in ``[0, 1]``) made consistent with ``total = (T, se)``, an
+               margin: float = 1.0, upper: float = 1.0) -> np.ndarray:
+    """``est`` (in ``[0, upper]``: ``upper`` a key's bound, ``kappa`` before
+    the truncation correction) made consistent with ``total = (T, se)``, an
     unbiased estimate of its sum: where ``sum est`` is above
     ``T + TOTAL_Z se`` -- the paper's clipped output (``c = 0``), whose
     sum the many small keys' noise raised to 0 inflates (MovieLens: F2M,
@@ -268,15 +269,16 @@ def keep_total(est: np.ndarray, total, top: TopKeys | None = None, raw=None, sd_
     low -- MovieLens, eps 4: -171 +- 59 where the truth is 106 -- and
     Norm-Sub to it zeroed every key); ``fit_total`` gives KS-GRR's share of
     users with a pair instead."""
-    if total is None or not len(est) or not np.sum(est) > total[0] + TOTAL_Z * total[1]:
+    # the output's sum: what is above the bound is cut by the truncation correction
+    if total is None or not len(est) or not np.sum(np.minimum(est, upper)) > total[0] + TOTAL_Z * total[1]:
         return est
     if raw is not None and not np.any(consistency.base_cut(raw, sd_at_zero) > 0):
-        return consistency.norm_sub(est, max(total[0], 0.0))          # no key told from 0
+        return consistency.norm_sub(est, max(total[0], 0.0), upper)   # no key told from 0
     # a total told from 0 is the target; one that is not cannot overrule the keys that are: the nearest sum
     cap = total[0] if total[0] > TOTAL_Z * total[1] else total[0] + TOTAL_Z * total[1]
     if not cap > 0:
         return est                      # keys told from 0, a total that says none is
-    consistent = consistency.norm_sub(est, cap)
+    consistent = consistency.norm_sub(est, cap, upper)
     return consistent if top is None or top.loss(consistent) <= margin * top.loss(est) else est
 
 
